@@ -1,0 +1,156 @@
+"""`dra-driver` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from dra_driver.nvml.discovery import DiscoveryError, discover
+from dra_driver.nvml.inventory import Inventory
+from dra_driver.nvml.source import open_source
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
+from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
+from dra_driver.slices.model import ResourceSlice
+
+
+def _add_nvml_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--sim", metavar="MACHINE", help="use a simulated machine (see `dra-driver sim list`)")
+    src.add_argument("--nvml", action="store_true", help="use the real NVML library (default)")
+    p.add_argument("--sim-state", type=Path, help="simulator state directory (shared by processes)")
+    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"), help="sysfs for PCIe topology (real NVML)")
+
+
+def _add_slice_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k8s-version", default="1.35", help="target Kubernetes version (1.34..1.37)")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname())
+    p.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (a DNS subdomain)")
+    p.add_argument(
+        "--mode",
+        choices=[m.value for m in PublishMode],
+        default=PublishMode.PARTITIONABLE.value,
+        help="partitionable: GPUs + MIG partitions carved on demand; static: existing MIG devices; "
+        "gpus: whole GPUs only",
+    )
+
+
+def _discover(args: argparse.Namespace) -> Inventory:
+    source = open_source(args.sim, args.sim_state, args.sysfs_root)
+    logging.getLogger(__name__).info("discovering through %s", source.description)
+    return discover(source.lib, source.sysfs_root)
+
+
+def _slices(args: argparse.Namespace, inv: Inventory) -> list[ResourceSlice]:
+    return build_slices(
+        inv, node_name=args.node_name, driver=args.driver, k8s_version=args.k8s_version, mode=PublishMode(args.mode)
+    )
+
+
+def _print_table(inv: Inventory, slices: list[ResourceSlice]) -> None:
+    print(f"driver {inv.driver_version}, CUDA {inv.cuda_driver_version}, {len(inv.gpus)} GPUs")
+    print(f"{'minor':>5}  {'product':<24} {'memory':>10}  {'MIG':<9} {'PCI':<13} {'root':<11} profiles")
+    for g in inv.gpus:
+        mig = "on" if g.mig_enabled else ("off" if g.mig_capable else "-")
+        if g.mig_pending != g.mig_enabled:
+            mig += "->" + ("on" if g.mig_pending else "off")
+        profiles = ", ".join(p.name for p in g.mig_profiles) or "-"
+        print(
+            f"{g.minor:>5}  {g.product_name:<24} {g.memory_bytes >> 30:>7}GiB  {mig:<9} {g.pci_bus_id:<13} "
+            f"{g.pcie_root or '-':<11} {profiles}"
+        )
+    n_dev = sum(len(s.spec.devices or []) for s in slices)
+    n_sets = sum(len(s.spec.shared_counters or []) for s in slices)
+    print(f"\n{len(slices)} ResourceSlices, {n_dev} devices, {n_sets} counter sets")
+    for s in slices:
+        devices = s.spec.devices or []
+        kinds: dict[str, int] = {}
+        for d in devices:
+            t = str(d.attributes["type"].value())
+            kinds[t] = kinds.get(t, 0) + 1
+        what = (
+            ", ".join(f"{n} {k}" for k, n in kinds.items())
+            or f"counter sets {', '.join(c.name for c in s.spec.shared_counters or [])}"
+        )
+        print(f"  {s.metadata.name}: {what}")
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    inv = _discover(args)
+    slices = _slices(args, inv)
+    if args.output == "json":
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": [s.to_api() for s in slices]}, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump_all([s.to_api() for s in slices], sort_keys=False), end="")
+    elif args.output == "inventory":
+        print(inv.model_dump_json(indent=2))
+    else:
+        _print_table(inv, slices)
+    return 0
+
+
+def cmd_sim_list(args: argparse.Namespace) -> int:
+    from dra_driver.simulator.catalog import machine, machine_names, product
+
+    for name in machine_names():
+        m = machine(name)
+        products = sorted({product(g.product).name for g in m.gpus})
+        print(f"{name:<10} {len(m.gpus)} GPUs  {m.description}  [{', '.join(products)}]")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    print(f"simulated node {args.sim}: discovering GPUs through the NVML simulator (no GPU, no cluster)")
+    inv = _discover(args)
+    _print_table(inv, _slices(args, inv))
+    print("\nfull objects: dra-driver inventory --sim", args.sim, "-o yaml")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dra-driver", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    inv = sub.add_parser("inventory", help="discover GPUs and print this node's ResourceSlices")
+    _add_nvml_args(inv)
+    _add_slice_args(inv)
+    inv.add_argument("-o", "--output", choices=["yaml", "json", "table", "inventory"], default="yaml")
+    inv.set_defaults(func=cmd_inventory)
+
+    demo = sub.add_parser("demo", help="run on a built-in simulated node (no GPU, no cluster)")
+    demo.add_argument("--sim", default="dgx-h100", metavar="MACHINE")
+    demo.add_argument("--sim-state", type=Path)
+    demo.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
+    _add_slice_args(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    sim = sub.add_parser("sim", help="simulated machines")
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True)
+    sim_sub.add_parser("list", help="list the named simulated machines").set_defaults(func=cmd_sim_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * args.verbose,
+        stream=sys.stderr,
+        format='{"level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+    )
+    try:
+        return int(args.func(args))
+    except (DiscoveryError, SliceLimitError, KeyError, ValueError) as e:
+        print(f"dra-driver: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

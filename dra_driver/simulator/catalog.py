@@ -1,0 +1,145 @@
+"""Data files that describe simulated hardware: GPU products (one file each) and named machines.
+
+Profile tables are data keyed by product *and* driver version, never code: the same product reports
+different MIG memory under different drivers (see docs in each file's `sources`).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import pynvml
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_DATA = resources.files("dra_driver.simulator") / "data"
+
+MEMORY_SLICES = 8  # every product modelled here is an 8-memory-slice / 7-compute-slice part
+
+Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
+ARCHITECTURE_ENUM: dict[str, int] = {
+    "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
+    "ada": pynvml.NVML_DEVICE_ARCH_ADA,
+    "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+    "blackwell": pynvml.NVML_DEVICE_ARCH_BLACKWELL,
+}
+BRAND_ENUM: dict[str, int] = {"nvidia": pynvml.NVML_BRAND_NVIDIA, "tesla": pynvml.NVML_BRAND_TESLA}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuInstanceProfileSpec(_Strict):
+    enum: str = Field(description="suffix of NVML_GPU_INSTANCE_PROFILE_*, e.g. 1_SLICE_REV1")
+    id: int = Field(description="info.id as nvidia-smi mig -lgip prints it")
+    name: str = Field(description="profile name as nvidia-smi prints it (without 'MIG ')")
+    compute_slices: int
+    memory_slices: int = Field(description="placement size in memory slices")
+    instance_count: int
+    placements: list[int] = Field(description="legal placement starts")
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    memory_mib: int
+
+    @property
+    def enum_value(self) -> int:
+        value = getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{self.enum}", None)
+        if not isinstance(value, int):
+            raise ValueError(f"unknown GPU instance profile enum {self.enum}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_geometry(self) -> GpuInstanceProfileSpec:
+        self.enum_value  # noqa: B018 - validates the enum name
+        for start in self.placements:
+            if start % self.memory_slices or start + self.memory_slices > MEMORY_SLICES:
+                raise ValueError(f"profile {self.name}: placement {start}:{self.memory_slices} is not aligned")
+        return self
+
+
+class ProductSpec(_Strict):
+    key: str
+    name: str = Field(description="nvmlDeviceGetName")
+    pci_device_id: int
+    architecture: Architecture
+    brand: Literal["nvidia", "tesla"]
+    cuda_compute_capability: tuple[int, int]
+    memory_mib: int = Field(description="nvmlDeviceGetMemoryInfo().total in MiB, as nvidia-smi shows it")
+    driver_version: str = Field(description="driver the profile table was observed with")
+    mig_profiles: list[GpuInstanceProfileSpec] = []
+    sources: list[str] = []
+    inferred: list[str] = Field(default=[], description="values not seen on hardware")
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(self.mig_profiles)
+
+    @property
+    def mig_toggle_needs_reset(self) -> bool:
+        # A100/A30: "Setting MIG mode on the A100/A30 requires a GPU reset" (MIG user guide).
+        return self.architecture == "ampere"
+
+    @field_validator("mig_profiles")
+    @classmethod
+    def _unique_profiles(cls, profiles: list[GpuInstanceProfileSpec]) -> list[GpuInstanceProfileSpec]:
+        for attr in ("enum", "id", "name"):
+            values = [getattr(p, attr) for p in profiles]
+            if len(values) != len(set(values)):
+                raise ValueError(f"duplicate profile {attr} in {values}")
+        return profiles
+
+
+class MachineGpu(_Strict):
+    product: str
+    pci_bus_id: str = Field(description="NVML form, e.g. 00000000:1B:00.0")
+    pcie_root: str = Field(description="sysfs root complex, e.g. pci0000:15")
+    mig_enabled: bool = False
+    minor: int | None = Field(default=None, description="/dev/nvidiaN; defaults to the NVML index")
+
+
+class MachineSpec(_Strict):
+    name: str
+    description: str
+    driver_version: str
+    cuda_driver_version: int = Field(description="nvmlSystemGetCudaDriverVersion, e.g. 12080")
+    gpus: list[MachineGpu]
+
+
+@cache
+def product(key: str) -> ProductSpec:
+    path = _DATA / "products" / f"{key}.yaml"
+    if not path.is_file():
+        raise KeyError(f"unknown GPU product {key!r}; known: {', '.join(product_keys())}")
+    return ProductSpec.model_validate({"key": key, **yaml.safe_load(path.read_text())})
+
+
+def product_keys() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in (_DATA / "products").iterdir() if p.name.endswith(".yaml"))
+
+
+@cache
+def _machines() -> dict[str, MachineSpec]:
+    raw = yaml.safe_load((_DATA / "machines.yaml").read_text())
+    machines = {name: MachineSpec.model_validate({"name": name, **spec}) for name, spec in raw.items()}
+    for m in machines.values():
+        for gpu in m.gpus:
+            product(gpu.product)  # fail on load, not on first use
+    return machines
+
+
+def machine(name: str) -> MachineSpec:
+    try:
+        return _machines()[name]
+    except KeyError:
+        raise KeyError(f"unknown simulated machine {name!r}; known: {', '.join(machine_names())}") from None
+
+
+def machine_names() -> list[str]:
+    return sorted(_machines())

@@ -1,0 +1,605 @@
+"""A simulated NVML with pynvml's own function names, argument conventions, ctypes structs and errors.
+
+Production code receives an instance of `SimulatedNvml` where it would otherwise receive the `pynvml`
+module (see `dra_driver.nvml.api.NvmlLibrary`) and cannot tell the difference: handles are real
+`c_nvmlDevice_t`/`c_nvmlGpuInstance_t`/`c_nvmlComputeInstance_t` pointers (never dereferenced), results are
+the structs pynvml returns, and failures raise `pynvml.NVMLError` subclasses with NVML's return codes.
+
+Out-of-band operations a person does to hardware (resetting a GPU, a GPU falling off the bus) are the
+methods that do not start with `nvml`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pynvml
+
+from dra_driver.nvml.migprofile import COMPUTE_INSTANCE_ENUM_BY_SLICES
+from dra_driver.simulator import mig_rules
+from dra_driver.simulator.catalog import (
+    ARCHITECTURE_ENUM,
+    BRAND_ENUM,
+    GpuInstanceProfileSpec,
+    MachineSpec,
+    ProductSpec,
+    machine,
+    product,
+)
+from dra_driver.simulator.mig_rules import MigRuleError
+from dra_driver.simulator.state import (
+    ComputeInstanceState,
+    GpuInstanceState,
+    GpuState,
+    MachineState,
+    StateStore,
+)
+from dra_driver.simulator.sysfs import write_fake_sysfs
+
+_UUID_NAMESPACE = uuid.UUID("6f1c6d3e-6a43-4d39-9a4c-5b0b8d7f3a10")
+
+# Handle address layout: kind | gpu index | GPU instance id | compute instance id.
+_KIND_DEVICE, _KIND_GPU_INSTANCE, _KIND_COMPUTE_INSTANCE, _KIND_MIG_DEVICE = 1, 2, 3, 4
+_MAX_MIG_DEVICES = 7
+_ENGINE_PROFILE_SHARED = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+
+
+def _fail(code: int) -> NoReturn:
+    raise pynvml.NVMLError(code)
+
+
+def _encode(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
+    return (kind << 40) | (gpu << 24) | (gi << 12) | ci
+
+
+def _decode(handle: Any) -> tuple[int, int, int, int]:
+    try:
+        addr = ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if not addr:
+        _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return addr >> 40, (addr >> 24) & 0xFFFF, (addr >> 12) & 0xFFF, addr & 0xFFF
+
+
+def _pointer(pointer_type: Any, address: int) -> Any:
+    return ctypes.cast(ctypes.c_void_p(address), pointer_type)
+
+
+def _deref(ref: Any) -> Any:
+    """The object behind `ctypes.byref(x)`, or `x` itself when passed directly."""
+    return getattr(ref, "_obj", ref)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class SimulatedNvml:
+    """One simulated machine. Its state lives in `state_dir` and is shared by every process using it."""
+
+    def __init__(self, machine_spec: MachineSpec | str, state_dir: Path | str) -> None:
+        self.spec = machine(machine_spec) if isinstance(machine_spec, str) else machine_spec
+        self.state_dir = Path(state_dir)
+        self.products: list[ProductSpec] = [product(g.product) for g in self.spec.gpus]
+        self.store = StateStore(self.state_dir, self.spec)
+        self.sysfs_root = write_fake_sysfs(
+            self.state_dir / "sys", [g.pci_bus_id for g in self.spec.gpus], [g.pcie_root for g in self.spec.gpus]
+        )
+        self._init_count = 0
+        self.gpu_uuids = [
+            "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.spec.name}/{i}/{g.pci_bus_id}"))
+            for i, g in enumerate(self.spec.gpus)
+        ]
+
+    # ----- plumbing -------------------------------------------------------------------------------------
+    def _require_init(self) -> MachineState:
+        if self._init_count <= 0:
+            _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self.store.read()
+
+    def _gpu(self, handle: Any, *, allow_mig: bool = False) -> tuple[int, GpuState, ProductSpec]:
+        state = self._require_init()
+        kind, index, _, _ = _decode(handle)
+        if kind != _KIND_DEVICE and not (allow_mig and kind == _KIND_MIG_DEVICE):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = state.gpus[index]
+        if gpu.lost:
+            _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return index, gpu, self.products[index]
+
+    def _mig_gpu(self, handle: Any) -> tuple[int, GpuState, ProductSpec]:
+        index, gpu, prod = self._gpu(handle)
+        if not prod.mig_capable:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return index, gpu, prod
+
+    @staticmethod
+    def _find_gi(gpu: GpuState, gi_id: int) -> GpuInstanceState:
+        for gi in gpu.gpu_instances:
+            if gi.id == gi_id:
+                return gi
+        _fail(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def _gi(self, handle: Any) -> tuple[int, GpuState, ProductSpec, GpuInstanceState]:
+        kind, index, gi_id, _ = _decode(handle)
+        if kind != _KIND_GPU_INSTANCE:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _, gpu, prod = self._gpu(self._device_handle(index))
+        for gi in gpu.gpu_instances:
+            if gi.id == gi_id:
+                return index, gpu, prod, gi
+        _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # stale handle: the instance was destroyed
+
+    def _ci(self, handle: Any) -> tuple[int, GpuState, ProductSpec, GpuInstanceState, ComputeInstanceState]:
+        kind, index, gi_id, ci_id = _decode(handle)
+        if kind not in (_KIND_COMPUTE_INSTANCE, _KIND_MIG_DEVICE):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _, gpu, prod, gi = self._gi(self._gi_handle(index, gi_id))
+        for ci in gi.compute_instances:
+            if ci.id == ci_id:
+                return index, gpu, prod, gi, ci
+        _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    @contextmanager
+    def _mutate(self, index: int) -> Iterator[GpuState]:
+        with self.store.mutate() as state:
+            gpu = state.gpus[index]
+            if gpu.lost:
+                _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+            try:
+                yield gpu
+            except MigRuleError as e:
+                raise pynvml.NVMLError(e.code) from e
+
+    @staticmethod
+    def _device_handle(index: int) -> Any:
+        return _pointer(pynvml.c_nvmlDevice_t, _encode(_KIND_DEVICE, index))
+
+    @staticmethod
+    def _gi_handle(index: int, gi_id: int) -> Any:
+        return _pointer(pynvml.c_nvmlGpuInstance_t, _encode(_KIND_GPU_INSTANCE, index, gi_id))
+
+    @staticmethod
+    def _ci_handle(index: int, gi_id: int, ci_id: int) -> Any:
+        return _pointer(pynvml.c_nvmlComputeInstance_t, _encode(_KIND_COMPUTE_INSTANCE, index, gi_id, ci_id))
+
+    @staticmethod
+    def _mig_handle(index: int, gi_id: int, ci_id: int) -> Any:
+        return _pointer(pynvml.c_nvmlDevice_t, _encode(_KIND_MIG_DEVICE, index, gi_id, ci_id))
+
+    # ----- init and system ------------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._init_count += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        if self._init_count <= 0:
+            _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        self._init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._require_init()
+        return self.spec.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._require_init()
+        return self.spec.cuda_driver_version
+
+    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._require_init()
+        return f"{self.spec.cuda_driver_version // 1000}.{self.spec.driver_version}"
+
+    # ----- devices --------------------------------------------------------------------------------------
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._require_init().gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        if not 0 <= index < len(self._require_init().gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._device_handle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, device_uuid: str | bytes) -> Any:
+        state = self._require_init()
+        wanted = _text(device_uuid)
+        if wanted in self.gpu_uuids:
+            return self._device_handle(self.gpu_uuids.index(wanted))
+        for index, gpu in enumerate(state.gpus):
+            for gi in gpu.gpu_instances:
+                for ci in gi.compute_instances:
+                    if ci.uuid == wanted:
+                        return self._mig_handle(index, gi.id, ci.id)
+        _fail(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        return self._gpu(handle)[0]
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        kind = _decode(handle)[0]
+        if kind == _KIND_MIG_DEVICE:
+            _, _, prod, gi, _ = self._ci(handle)
+            return f"{prod.name} MIG {mig_rules.profile_by_id(prod, gi.profile_id).name}"
+        return self._gpu(handle)[2].name
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            return self._ci(handle)[4].uuid
+        return self.gpu_uuids[self._gpu(handle)[0]]
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        index = self._gpu(handle)[0]
+        minor = self.spec.gpus[index].minor
+        return index if minor is None else minor
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        index, _, prod = self._gpu(handle)
+        bus_id = self.spec.gpus[index].pci_bus_id
+        domain, bus, rest = bus_id.split(":")
+        dev = rest.split(".")[0]
+        info = pynvml.nvmlPciInfo_t()
+        info.busIdLegacy = bus_id.encode()[:15]
+        info.busId = bus_id.encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(dev, 16)
+        info.pciDeviceId = prod.pci_device_id
+        info.pciSubSystemId = 0x165710DE
+        return info
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            _, _, prod, gi, _ = self._ci(handle)
+            mib = mig_rules.profile_by_id(prod, gi.profile_id).memory_mib
+            # The usable memory of a MIG device depends on its placement (guide: A100-40GB 3g.20gb shows
+            # 20096MiB at 0:4 and 20224MiB at 4:4), so it differs from the profile's memorySizeMB.
+            mib += 128 if gi.start else 0
+        else:
+            mib = self._gpu(handle)[2].memory_mib
+        mem = pynvml.c_nvmlMemory_t()
+        mem.total, mem.free, mem.used = mib << 20, mib << 20, 0
+        return mem
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        return self._gpu(handle, allow_mig=True)[2].cuda_compute_capability
+
+    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
+        return ARCHITECTURE_ENUM[self._gpu(handle, allow_mig=True)[2].architecture]
+
+    def nvmlDeviceGetBrand(self, handle: Any) -> int:
+        return BRAND_ENUM[self._gpu(handle, allow_mig=True)[2].brand]
+
+    def nvmlDeviceGetVirtualizationMode(self, handle: Any) -> int:
+        self._gpu(handle)
+        return int(pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE)
+
+    # ----- MIG mode -------------------------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        _, gpu, _ = self._mig_gpu(handle)
+        return [gpu.mig_current, gpu.mig_pending]
+
+    def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
+        """Returns the activation status, as pynvml does; the call itself succeeds."""
+        index, _, prod = self._mig_gpu(handle)
+        if mode not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._mutate(index) as gpu:
+            if mode == pynvml.NVML_DEVICE_MIG_DISABLE and gpu.gpu_instances:
+                return int(pynvml.NVML_ERROR_IN_USE)
+            gpu.mig_pending = mode
+            if prod.mig_toggle_needs_reset and gpu.mig_current != mode:
+                return int(pynvml.NVML_ERROR_RESET_REQUIRED)  # Ampere: pending until the GPU is reset
+            gpu.mig_current = mode
+            return int(pynvml.NVML_SUCCESS)
+
+    def reset_gpu(self, index: int) -> None:
+        """`nvidia-smi -r`: a pending MIG mode becomes current; MIG instances do not survive."""
+        with self._mutate(index) as gpu:
+            gpu.mig_current = gpu.mig_pending
+            gpu.gpu_instances = []
+
+    def set_gpu_lost(self, index: int, lost: bool = True) -> None:
+        """The GPU falls off the bus (every call on it then fails with GPU_IS_LOST) or comes back."""
+        with self.store.mutate() as state:
+            state.gpus[index].lost = lost
+
+    # ----- GPU instance profiles and placements -----------------------------------------------------------
+    def _profile_by_enum(self, prod: ProductSpec, enum: int) -> GpuInstanceProfileSpec:
+        if not 0 <= enum < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for p in prod.mig_profiles:
+            if p.enum_value == enum:
+                return p
+        _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _profile_by_id(self, prod: ProductSpec, profile_id: int) -> GpuInstanceProfileSpec:
+        try:
+            return mig_rules.profile_by_id(prod, profile_id)
+        except MigRuleError as e:
+            raise pynvml.NVMLError(e.code) from e
+
+    @staticmethod
+    def _profile_info(p: GpuInstanceProfileSpec, version: int) -> Any:
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        info.id, info.isP2pSupported, info.sliceCount, info.instanceCount = p.id, 0, p.compute_slices, p.instance_count
+        info.multiprocessorCount, info.copyEngineCount = p.multiprocessors, p.copy_engines
+        info.decoderCount, info.encoderCount = p.decoders, p.encoders
+        info.jpegCount, info.ofaCount, info.memorySizeMB = p.jpeg_engines, p.ofa_engines, p.memory_mib
+        if version == 2:
+            info.name = f"MIG {p.name}".encode()
+        return info
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
+        if version not in (1, 2):
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        _, _, prod = self._mig_gpu(handle)
+        return self._profile_info(self._profile_by_enum(prod, profile), version)
+
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, handle: Any, profile_id: int) -> Any:
+        _, _, prod = self._mig_gpu(handle)
+        return self._profile_info(self._profile_by_id(prod, profile_id), 2)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: Any, profile_id: int, placements_ref: Any, count_ref: Any
+    ) -> int:
+        # nvml.h: works whether or not MIG is enabled.
+        _, _, prod = self._mig_gpu(handle)
+        p = self._profile_by_id(prod, profile_id)
+        count = _deref(count_ref)
+        if placements_ref is None:
+            count.value = len(p.placements)
+            return int(pynvml.NVML_SUCCESS)
+        if count.value < len(p.placements):
+            count.value = len(p.placements)
+            _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        array = _deref(placements_ref)
+        for i, start in enumerate(p.placements):
+            array[i].start, array[i].size = start, p.memory_slices
+        count.value = len(p.placements)
+        return int(pynvml.NVML_SUCCESS)
+
+    def _mig_enabled_gpu(self, handle: Any) -> tuple[int, GpuState, ProductSpec]:
+        index, gpu, prod = self._mig_gpu(handle)
+        if not gpu.mig_current:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return index, gpu, prod
+
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profile_id: int) -> int:
+        _, gpu, prod = self._mig_enabled_gpu(handle)
+        return mig_rules.remaining_capacity(prod, gpu, self._profile_by_id(prod, profile_id))
+
+    # ----- GPU instances --------------------------------------------------------------------------------
+    def _create_gi(self, handle: Any, profile_id: int, start: int | None) -> Any:
+        index, _, prod = self._mig_enabled_gpu(handle)
+        p = self._profile_by_id(prod, profile_id)
+        with self._mutate(index) as gpu:
+            if start is None:
+                start = mig_rules.default_placement(prod, gpu, p)
+            mig_rules.check_gpu_instance(prod, gpu, p, start)
+            gi_id = mig_rules.allocate_gpu_instance_id(gpu, p.memory_slices)
+            gpu.gpu_instances.append(GpuInstanceState(id=gi_id, profile_id=p.id, start=start, size=p.memory_slices))
+        return self._gi_handle(index, gi_id)
+
+    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: int) -> Any:
+        return self._create_gi(handle, profile_id, None)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: int, placement: Any) -> Any:
+        p = _deref(placement)
+        _, _, prod = self._mig_gpu(handle)
+        if p.size != self._profile_by_id(prod, profile_id).memory_slices:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._create_gi(handle, profile_id, int(p.start))
+
+    def nvmlDeviceGetGpuInstances(self, handle: Any, profile_id: int, instances_ref: Any, count_ref: Any) -> int:
+        index, gpu, prod = self._mig_enabled_gpu(handle)
+        p = self._profile_by_id(prod, profile_id)
+        found = sorted((gi for gi in gpu.gpu_instances if gi.profile_id == p.id), key=lambda gi: gi.id)
+        count = _deref(count_ref)
+        if instances_ref is None or count.value < len(found):
+            count.value = len(found)
+            if instances_ref is not None:
+                _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            return int(pynvml.NVML_SUCCESS)
+        array = _deref(instances_ref)
+        for i, gi in enumerate(found):
+            array[i] = self._gi_handle(index, gi.id)
+        count.value = len(found)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> Any:
+        index, gpu, _ = self._mig_enabled_gpu(handle)
+        return self._gi_handle(index, self._find_gi(gpu, gpu_instance_id).id)
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: Any) -> Any:
+        index, _, _, gi = self._gi(gpu_instance)
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.device = self._device_handle(index)
+        info.id, info.profileId = gi.id, gi.profile_id
+        info.placement.start, info.placement.size = gi.start, gi.size
+        return info
+
+    def nvmlGpuInstanceDestroy(self, gpu_instance: Any) -> int:
+        index, _, _, gi = self._gi(gpu_instance)
+        with self._mutate(index) as gpu:
+            live = self._find_gi(gpu, gi.id)
+            if live.compute_instances:
+                _fail(pynvml.NVML_ERROR_IN_USE)  # nvml.h: destroy the compute instances first
+            gpu.gpu_instances.remove(live)
+        return int(pynvml.NVML_SUCCESS)
+
+    # ----- compute instances ----------------------------------------------------------------------------
+    def _ci_slices(self, gi_slices: int, profile: int) -> int:
+        for slices, enum in COMPUTE_INSTANCE_ENUM_BY_SLICES.items():
+            if enum == profile:
+                if slices not in mig_rules.CI_SLICES_FOR_GI.get(gi_slices, []):
+                    _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+                return slices
+        if 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # _REV1 / _NVL variants are not offered here
+        _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gpu_instance: Any, profile: int, eng_profile: int, version: int = 2
+    ) -> Any:
+        if version not in (1, 2):
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        _, _, prod, gi = self._gi(gpu_instance)
+        if eng_profile != _ENGINE_PROFILE_SHARED:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        gp = mig_rules.profile_by_id(prod, gi.profile_id)
+        c = self._ci_slices(gp.compute_slices, profile)
+        info = (
+            pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+            if version == 2
+            else pynvml.c_nvmlComputeInstanceProfileInfo_t()
+        )
+        info.id, info.sliceCount, info.instanceCount = profile, c, gp.compute_slices // c
+        info.multiprocessorCount = gp.multiprocessors * c // gp.compute_slices
+        info.sharedCopyEngineCount, info.sharedDecoderCount = gp.copy_engines, gp.decoders
+        info.sharedEncoderCount, info.sharedJpegCount, info.sharedOfaCount = (
+            gp.encoders,
+            gp.jpeg_engines,
+            gp.ofa_engines,
+        )
+        if version == 2:
+            name = gp.name if c == gp.compute_slices else f"{c}c.{gp.name}"
+            info.name = f"MIG {name}".encode()
+        return info
+
+    nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: Any, profile_id: int) -> Any:
+        index, _, prod, gi = self._gi(gpu_instance)
+        gi_slices = mig_rules.profile_by_id(prod, gi.profile_id).compute_slices
+        c = self._ci_slices(gi_slices, profile_id)
+        with self._mutate(index) as gpu:
+            live = self._find_gi(gpu, gi.id)
+            start = mig_rules.first_free_compute_placement(live, gi_slices, c)
+            ci_id = mig_rules.allocate_compute_instance_id(live)
+            # R470+ MIG UUIDs have the version-5 shape and change whenever the instance is re-created.
+            mig_uuid = "MIG-" + str(uuid.uuid5(_UUID_NAMESPACE, uuid.uuid4().hex))
+            live.compute_instances.append(
+                ComputeInstanceState(id=ci_id, profile_id=profile_id, start=start, size=c, uuid=mig_uuid)
+            )
+        return self._ci_handle(index, gi.id, ci_id)
+
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gpu_instance: Any, profile_id: int, instances_ref: Any, count_ref: Any
+    ) -> int:
+        index, _, prod, gi = self._gi(gpu_instance)
+        self._ci_slices(mig_rules.profile_by_id(prod, gi.profile_id).compute_slices, profile_id)
+        found = sorted((ci for ci in gi.compute_instances if ci.profile_id == profile_id), key=lambda ci: ci.id)
+        count = _deref(count_ref)
+        if instances_ref is None or count.value < len(found):
+            count.value = len(found)
+            if instances_ref is not None:
+                _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            return int(pynvml.NVML_SUCCESS)
+        array = _deref(instances_ref)
+        for i, ci in enumerate(found):
+            array[i] = self._ci_handle(index, gi.id, ci.id)
+        count.value = len(found)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpu_instance: Any, compute_instance_id: int) -> Any:
+        index, _, _, gi = self._gi(gpu_instance)
+        if not any(ci.id == compute_instance_id for ci in gi.compute_instances):
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._ci_handle(index, gi.id, compute_instance_id)
+
+    def nvmlComputeInstanceGetInfo(self, compute_instance: Any) -> Any:
+        index, _, _, gi, ci = self._ci(compute_instance)
+        info = pynvml.c_nvmlComputeInstanceInfo_t()
+        info.device = self._mig_handle(index, gi.id, ci.id)  # the MIG device, not the parent GPU
+        info.gpuInstance = self._gi_handle(index, gi.id)
+        info.id, info.profileId = ci.id, ci.profile_id
+        info.placement.start, info.placement.size = ci.start, ci.size
+        return info
+
+    nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
+
+    def nvmlComputeInstanceDestroy(self, compute_instance: Any) -> int:
+        index, _, _, gi, ci = self._ci(compute_instance)
+        with self._mutate(index) as gpu:
+            live = self._find_gi(gpu, gi.id)
+            live.compute_instances = [c for c in live.compute_instances if c.id != ci.id]
+        return int(pynvml.NVML_SUCCESS)
+
+    # ----- MIG device handles ---------------------------------------------------------------------------
+    def _mig_devices(self, gpu: GpuState) -> list[tuple[int, int]]:
+        return sorted((gi.id, ci.id) for gi in gpu.gpu_instances for ci in gi.compute_instances)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        _, gpu, prod = self._gpu(handle)
+        return _MAX_MIG_DEVICES if prod.mig_capable and gpu.mig_current else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> Any:
+        gpu_index, gpu, _ = self._mig_enabled_gpu(handle)
+        if not 0 <= index < _MAX_MIG_DEVICES:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        devices = self._mig_devices(gpu)
+        if index >= len(devices):
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._mig_handle(gpu_index, *devices[index])
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> Any:
+        self._require_init()
+        # pynvml returns the raw c_uint here, not its value.
+        return ctypes.c_uint(int(_decode(handle)[0] == _KIND_MIG_DEVICE))
+
+    def _mig_ids(self, handle: Any) -> tuple[int, int, int]:
+        if _decode(handle)[0] != _KIND_MIG_DEVICE:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        index, _, _, gi, ci = self._ci(handle)
+        return index, gi.id, ci.id
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        return self._mig_ids(handle)[1]
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        return self._mig_ids(handle)[2]
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> Any:
+        return self._device_handle(self._mig_ids(handle)[0])
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
+        if _decode(handle)[0] != _KIND_MIG_DEVICE:
+            self._gpu(handle)
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvml.h: only MIG device handles
+        _, _, prod, gi, ci = self._ci(handle)
+        gp = mig_rules.profile_by_id(prod, gi.profile_id)
+        attrs = pynvml.c_nvmlDeviceAttributes()
+        attrs.multiprocessorCount = gp.multiprocessors * ci.size // gp.compute_slices
+        attrs.sharedCopyEngineCount, attrs.sharedDecoderCount = gp.copy_engines, gp.decoders
+        attrs.sharedEncoderCount, attrs.sharedJpegCount, attrs.sharedOfaCount = (
+            gp.encoders,
+            gp.jpeg_engines,
+            gp.ofa_engines,
+        )
+        attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount = gp.compute_slices, ci.size
+        attrs.memorySizeMB = gp.memory_mib
+        return attrs
+
+    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        # A pynvml function the simulator does not model behaves like a symbol missing from an old driver.
+        if name.startswith("nvml") and hasattr(pynvml, name):
+
+            def missing(*args: Any, **kwargs: Any) -> Any:
+                _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+            return missing
+        raise AttributeError(name)

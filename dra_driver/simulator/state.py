@@ -1,0 +1,121 @@
+"""Persistent state of a simulated machine: MIG mode and the GPU/compute instances that exist.
+
+Like a real GPU, the state outlives the process that changed it: every change is written to a JSON file
+under an exclusive file lock, so separate processes (the driver, a test, the CLI) see the same GPUs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from dra_driver.simulator.catalog import MachineSpec
+
+STATE_VERSION = 1
+
+
+class ComputeInstanceState(BaseModel):
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    uuid: str
+
+
+class GpuInstanceState(BaseModel):
+    id: int
+    profile_id: int
+    start: int
+    size: int
+    compute_instances: list[ComputeInstanceState] = []
+
+
+class GpuState(BaseModel):
+    mig_current: int = 0
+    mig_pending: int = 0
+    lost: bool = False
+    gpu_instances: list[GpuInstanceState] = []
+
+
+class MachineState(BaseModel):
+    version: int = STATE_VERSION
+    machine: str
+    gpus: list[GpuState]
+
+
+def initial_state(spec: MachineSpec) -> MachineState:
+    gpus = [GpuState(mig_current=int(g.mig_enabled), mig_pending=int(g.mig_enabled)) for g in spec.gpus]
+    return MachineState(machine=spec.name, gpus=gpus)
+
+
+class StateStore:
+    """Reads are served from a cache that is refreshed when the file changes; writes hold the lock."""
+
+    def __init__(self, directory: Path, spec: MachineSpec) -> None:
+        self.directory = directory
+        self.path = directory / "nvml-state.json"
+        self._lock_path = directory / "nvml-state.lock"
+        self._spec = spec
+        self._thread_lock = threading.RLock()
+        self._cached: MachineState | None = None
+        self._cached_stat: tuple[int, int, int] | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            if not self.path.exists():
+                self._write(initial_state(spec))
+            state = self._load()
+        if state.machine != spec.name or len(state.gpus) != len(spec.gpus):
+            raise ValueError(
+                f"simulator state {self.path} belongs to machine {state.machine!r} with {len(state.gpus)} GPUs, "
+                f"not {spec.name!r}; use another state directory or delete the file"
+            )
+
+    def _stat(self) -> tuple[int, int, int]:
+        st = os.stat(self.path)
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _load(self) -> MachineState:
+        stat = self._stat()
+        if self._cached is None or stat != self._cached_stat:
+            self._cached = MachineState.model_validate_json(self.path.read_bytes())
+            self._cached_stat = stat
+        return self._cached
+
+    def _write(self, state: MachineState) -> None:
+        tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
+        with open(tmp, "w") as f:
+            f.write(state.model_dump_json(indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._cached = state
+        self._cached_stat = self._stat()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._thread_lock, open(self._lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def read(self) -> MachineState:
+        """The current state. Callers must not modify it."""
+        with self._thread_lock:
+            return self._load()
+
+    @contextmanager
+    def mutate(self) -> Iterator[MachineState]:
+        """Yield a private copy of the state; it is written back only if the block raises nothing."""
+        with self._locked():
+            self._cached_stat = None  # another process may have written within the same mtime tick
+            state = self._load().model_copy(deep=True)
+            yield state
+            self._write(state)

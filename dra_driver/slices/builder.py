@@ -1,0 +1,105 @@
+"""Inventory -> the ResourceSlices of this node's pool, laid out for the target Kubernetes minor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dra_driver.nvml.inventory import Inventory
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
+from dra_driver.slices.devices import GpuDevices, PublishMode, gpu_devices
+from dra_driver.slices.limits import SliceLimits, limits_for
+from dra_driver.slices.model import (
+    CounterSet,
+    Device,
+    DeviceTaint,
+    ObjectMeta,
+    OwnerReference,
+    ResourcePool,
+    ResourceSlice,
+    ResourceSliceSpec,
+)
+from dra_driver.slices.validation import SliceLimitError, validate_pool
+
+__all__ = ["PublishMode", "SliceLimitError", "build_slices"]
+
+
+def _chunks(items: list[Device], size: int) -> list[list[Device]]:
+    return [items[i : i + size] for i in range(0, len(items), size)] or [[]]
+
+
+def _device_chunk_size(devices: list[Device], limits: SliceLimits) -> int:
+    advanced = any(d.consumes_counters or d.taints for d in devices)
+    return limits.max_devices_with_counters_or_taints if advanced else limits.max_devices
+
+
+def _layout(groups: list[GpuDevices], limits: SliceLimits) -> list[tuple[list[Device], list[CounterSet]]]:
+    """(devices, counter sets) per slice, in a deterministic order."""
+    partitioned = [g for g in groups if g.counter_set is not None]
+    plain = [d for g in groups if g.counter_set is None for d in g.devices]
+    out: list[tuple[list[Device], list[CounterSet]]] = []
+    if limits.counters_in_own_slice:
+        # <= 1.34: a device may only consume counters of its own slice, so a GPU's partitions cannot be split.
+        for g in partitioned:
+            assert g.counter_set is not None
+            if len(g.devices) > _device_chunk_size(g.devices, limits):
+                raise SliceLimitError(
+                    f"GPU {g.minor}: {len(g.devices)} devices share one counter set but a Kubernetes "
+                    f"1.{limits.minor} slice holds at most {_device_chunk_size(g.devices, limits)}"
+                )
+            out.append((g.devices, [g.counter_set]))
+    else:
+        # >= 1.35: counter sets in slices of their own, devices in others; one GPU per device slice.
+        sets = [g.counter_set for g in partitioned if g.counter_set is not None]
+        per_slice = limits.max_counter_sets_per_slice or len(sets)
+        out += [([], sets[i : i + per_slice]) for i in range(0, len(sets), per_slice)]
+        for g in partitioned:
+            out += [(chunk, []) for chunk in _chunks(g.devices, _device_chunk_size(g.devices, limits))]
+    if plain:
+        out += [(chunk, []) for chunk in _chunks(plain, _device_chunk_size(plain, limits))]
+    return out
+
+
+def build_slices(
+    inventory: Inventory,
+    *,
+    node_name: str,
+    driver: str = DEFAULT_DRIVER_NAME,
+    k8s_version: str | int = "1.35",
+    mode: PublishMode = PublishMode.PARTITIONABLE,
+    taints: Mapping[str, list[DeviceTaint]] | None = None,
+    generation: int = 1,
+    node_uid: str | None = None,
+) -> list[ResourceSlice]:
+    """The complete pool for this node. Pure: the same inputs give the same slices.
+
+    Raises SliceLimitError when the pool cannot be expressed within the version's limits; nothing is
+    ever dropped silently.
+    """
+    limits = limits_for(k8s_version)
+    groups = [gpu_devices(inventory, gpu, mode) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
+    for name, device_taints in (taints or {}).items():
+        device = next((d for g in groups for d in g.devices if d.name == name), None)
+        if device is None:
+            raise KeyError(f"cannot taint unknown device {name}")
+        device.taints = list(device_taints) or None
+    layout = _layout(groups, limits)
+    owner = (
+        [OwnerReference(api_version="v1", kind="Node", name=node_name, uid=node_uid, controller=True)]
+        if node_uid
+        else None
+    )
+    slices = [
+        ResourceSlice(
+            metadata=ObjectMeta(name=f"{node_name}-{driver}-{i}", owner_references=owner),
+            spec=ResourceSliceSpec(
+                driver=driver,
+                pool=ResourcePool(name=node_name, generation=generation, resource_slice_count=len(layout)),
+                node_name=node_name,
+                devices=devices if devices or not counter_sets else None,
+                shared_counters=counter_sets or None,
+            ),
+        )
+        for i, (devices, counter_sets) in enumerate(layout)
+    ]
+    validate_pool(slices, limits)
+    return slices

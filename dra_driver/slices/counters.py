@@ -1,0 +1,80 @@
+"""The shared counters of a MIG-capable GPU (KEP-4815 partitionable devices).
+
+One counter set per GPU: one counter per MIG capacity plus one per memory slice. Every MIG partition
+consumes its capacities and its memory slices; the whole GPU consumes everything, so the scheduler can
+never hand out overlapping partitions or a partition together with its whole GPU.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from dra_driver.nvml.inventory import MigProfile
+from dra_driver.slices.attributes import (
+    CAP_COPY_ENGINES,
+    CAP_DECODERS,
+    CAP_ENCODERS,
+    CAP_JPEG_ENGINES,
+    CAP_MEMORY,
+    CAP_MULTIPROCESSORS,
+    CAP_OFA_ENGINES,
+    MIG_CAPACITIES,
+)
+
+
+def profile_capacities(p: MigProfile) -> dict[str, int]:
+    """Capacity name -> value, in MIG_CAPACITIES order; memory in bytes."""
+    values = {
+        CAP_MULTIPROCESSORS: p.multiprocessors,
+        CAP_COPY_ENGINES: p.copy_engines,
+        CAP_DECODERS: p.decoders,
+        CAP_ENCODERS: p.encoders,
+        CAP_JPEG_ENGINES: p.jpeg_engines,
+        CAP_OFA_ENGINES: p.ofa_engines,
+        CAP_MEMORY: p.memory_bytes,
+    }
+    return {name: values[name] for name in MIG_CAPACITIES}
+
+
+def memory_slice_count(profiles: tuple[MigProfile, ...]) -> int:
+    return max((pl.start + pl.size for p in profiles for pl in p.placements), default=0)
+
+
+@cache
+def counter_totals(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
+    """Counter value per capacity: the most any legal combination of partitions consumes together.
+
+    Taking the largest single profile (as the official driver does) is not enough in general: a counter
+    smaller than a legal layout's sum would make the scheduler refuse a layout the hardware accepts.
+    Layouts are enumerated over memory slices (disjoint placements, per-profile instance limits and the
+    compute-slice budget) with memoisation; each capacity is maximised independently.
+    """
+    slices = memory_slice_count(profiles)
+    compute_budget = max((p.compute_slices for p in profiles), default=0)
+    starts: dict[int, list[tuple[int, MigProfile]]] = {}
+    for i, p in enumerate(profiles):
+        for pl in p.placements:
+            starts.setdefault(pl.start, []).append((i, p))
+    caps = [profile_capacities(p) for p in profiles]
+    memo: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
+
+    def best(pos: int, compute_left: int, used: tuple[int, ...]) -> tuple[int, ...]:
+        if pos >= slices:
+            return (0,) * len(MIG_CAPACITIES)
+        key = (pos, compute_left, used)
+        if key in memo:
+            return memo[key]
+        result = best(pos + 1, compute_left, used)
+        for i, p in starts.get(pos, []):
+            if used[i] >= p.instance_count or p.compute_slices > compute_left:
+                continue
+            nxt = best(
+                pos + p.memory_slices, compute_left - p.compute_slices, (*used[:i], used[i] + 1, *used[i + 1:])
+            )
+            here = tuple(caps[i][c] + nxt[k] for k, c in enumerate(MIG_CAPACITIES))
+            result = tuple(max(a, b) for a, b in zip(result, here, strict=True))
+        memo[key] = result
+        return result
+
+    totals = best(0, compute_budget, (0,) * len(profiles))
+    return dict(zip(MIG_CAPACITIES, totals, strict=True))

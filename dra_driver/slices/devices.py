@@ -1,0 +1,164 @@
+"""Inventory -> the devices and counter sets of one GPU, for each publishing mode."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
+from dra_driver.slices import attributes as A
+from dra_driver.slices.counters import counter_totals, memory_slice_count, profile_capacities
+from dra_driver.slices.model import (
+    Counter,
+    CounterSet,
+    Device,
+    DeviceAttribute,
+    DeviceCapacity,
+    DeviceCounterConsumption,
+)
+from dra_driver.slices.naming import counter_set_name, gpu_device_name, mig_device_name
+from dra_driver.slices.quantity import binary_quantity, count_quantity
+
+log = logging.getLogger(__name__)
+
+
+class PublishMode(StrEnum):
+    PARTITIONABLE = "partitionable"  # whole GPUs + every MIG partition, carved at prepare (KEP-4815)
+    STATIC = "static"  # whole GPUs with MIG off + the MIG devices that already exist; no counters
+    GPUS = "gpus"  # whole GPUs only; no counters
+
+
+@dataclass
+class GpuDevices:
+    """What one GPU contributes to the pool."""
+
+    minor: int
+    devices: list[Device] = field(default_factory=list)
+    counter_set: CounterSet | None = None
+
+
+def _quantity(capacity: str, value: int) -> str:
+    return binary_quantity(value) if capacity == A.CAP_MEMORY else count_quantity(value)
+
+
+def _common_attributes(inv: Inventory, gpu: GpuInfo) -> dict[str, DeviceAttribute]:
+    attrs = {
+        A.ATTR_PRODUCT_NAME: DeviceAttribute(string=gpu.product_name),
+        A.ATTR_BRAND: DeviceAttribute(string=gpu.brand),
+        A.ATTR_ARCHITECTURE: DeviceAttribute(string=gpu.architecture),
+        A.ATTR_CUDA_COMPUTE_CAPABILITY: DeviceAttribute(version=A.semver(gpu.cuda_compute_capability)),
+        A.ATTR_DRIVER_VERSION: DeviceAttribute(version=A.semver(inv.driver_version)),
+        A.ATTR_CUDA_DRIVER_VERSION: DeviceAttribute(version=A.semver(inv.cuda_driver_version)),
+        A.ATTR_PCI_BUS_ID: DeviceAttribute(string=gpu.pci_bus_id),
+    }
+    if gpu.pcie_root:
+        attrs[A.ATTR_PCIE_ROOT] = DeviceAttribute(string=gpu.pcie_root)
+    return attrs
+
+
+def _whole_gpu(inv: Inventory, gpu: GpuInfo) -> Device:
+    attrs = {
+        A.ATTR_TYPE: DeviceAttribute(string=A.TYPE_GPU),
+        A.ATTR_UUID: DeviceAttribute(string=gpu.uuid),
+        **_common_attributes(inv, gpu),
+    }
+    return Device(
+        name=gpu_device_name(gpu.minor),
+        attributes=attrs,
+        capacity={A.CAP_MEMORY: DeviceCapacity(value=binary_quantity(gpu.memory_bytes))},
+    )
+
+
+def _mig_attributes(inv: Inventory, gpu: GpuInfo, profile_name: str) -> dict[str, DeviceAttribute]:
+    return {
+        A.ATTR_TYPE: DeviceAttribute(string=A.TYPE_MIG),
+        A.ATTR_PARENT_UUID: DeviceAttribute(string=gpu.uuid),
+        A.ATTR_PROFILE: DeviceAttribute(string=profile_name),
+        **_common_attributes(inv, gpu),
+    }
+
+
+def _capacities(profile: MigProfile) -> dict[str, DeviceCapacity]:
+    return {k: DeviceCapacity(value=_quantity(k, v)) for k, v in profile_capacities(profile).items()}
+
+
+def _counter_set(gpu: GpuInfo) -> CounterSet:
+    counters = {
+        A.counter_name(k): Counter(value=_quantity(k, v)) for k, v in counter_totals(gpu.mig_profiles).items() if v
+    }
+    for s in range(memory_slice_count(gpu.mig_profiles)):
+        counters[A.memory_slice_counter(s)] = Counter(value="1")
+    return CounterSet(name=counter_set_name(gpu.minor), counters=counters)
+
+
+def _partition_order(profile: MigProfile, start: int) -> tuple[int, int, int]:
+    # The scheduler takes the first matching device of a slice. Offering high placements first keeps
+    # slice 0, which 4g and 7g partitions need, free the longest (NVIDIA's own default placement does
+    # the same for 1g instances).
+    return (-profile.memory_slices, -start, profile.id)
+
+
+def _partitionable(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
+    group = GpuDevices(minor=gpu.minor)
+    dynamic = gpu.mig_capable and not gpu.virtualized and (gpu.mig_enabled or not gpu.mig_toggle_needs_reset)
+    if not dynamic:
+        # No MIG, a vGPU guest, or Ampere with MIG off (switching it on needs a GPU reset): whole GPU only,
+        # and no counter set (the API rejects an empty one).
+        group.devices.append(_whole_gpu(inv, gpu))
+        return group
+    counter_set = _counter_set(gpu)
+    group.counter_set = counter_set
+    if not (gpu.mig_enabled and gpu.mig_toggle_needs_reset):  # Ampere with MIG on cannot be handed out whole
+        whole = _whole_gpu(inv, gpu)
+        whole.consumes_counters = [
+            DeviceCounterConsumption(counter_set=counter_set.name, counters=dict(counter_set.counters))
+        ]
+        group.devices.append(whole)
+    partitions = sorted(
+        ((p, pl.start) for p in gpu.mig_profiles for pl in p.placements),
+        key=lambda item: _partition_order(*item),
+    )
+    for profile, start in partitions:
+        consumed = {
+            A.counter_name(k): Counter(value=_quantity(k, v)) for k, v in profile_capacities(profile).items() if v
+        }
+        for s in range(start, start + profile.memory_slices):
+            consumed[A.memory_slice_counter(s)] = Counter(value="1")
+        group.devices.append(
+            Device(
+                name=mig_device_name(gpu.minor, profile.name, profile.id, start),
+                attributes=_mig_attributes(inv, gpu, profile.name),
+                capacity=_capacities(profile),
+                consumes_counters=[DeviceCounterConsumption(counter_set=counter_set.name, counters=consumed)],
+            )
+        )
+    return group
+
+
+def _static(inv: Inventory, gpu: GpuInfo, include_mig: bool) -> GpuDevices:
+    group = GpuDevices(minor=gpu.minor)
+    if not gpu.mig_enabled:
+        group.devices.append(_whole_gpu(inv, gpu))
+        return group
+    if not include_mig:
+        log.warning("GPU %d has MIG enabled; not published in whole-GPU mode", gpu.minor)
+        return group
+    for inst in sorted(gpu.mig_instances, key=lambda i: (i.placement.start, i.gpu_instance_id)):
+        profile = gpu.profile(inst.profile_id)
+        attrs = _mig_attributes(inv, gpu, profile.name)
+        attrs[A.ATTR_UUID] = DeviceAttribute(string=inst.uuid)
+        group.devices.append(
+            Device(
+                name=mig_device_name(gpu.minor, profile.name, profile.id, inst.placement.start),
+                attributes=attrs,
+                capacity=_capacities(profile),
+            )
+        )
+    return group
+
+
+def gpu_devices(inv: Inventory, gpu: GpuInfo, mode: PublishMode) -> GpuDevices:
+    if mode is PublishMode.PARTITIONABLE:
+        return _partitionable(inv, gpu)
+    return _static(inv, gpu, include_mig=mode is PublishMode.STATIC)

@@ -1,0 +1,83 @@
+"""ResourceSlice validation limits per Kubernetes minor (constants of k8s.io/api resource/v1 types.go).
+
+The layouts also differ: up to 1.34 a device may only consume counters declared in its own slice; from
+1.35 counter sets live in slices of their own (a slice has either devices or sharedCounters) and devices
+anywhere in the pool consume them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MIN_MINOR, MAX_MINOR = 34, 37
+
+
+@dataclass(frozen=True)
+class SliceLimits:
+    minor: int
+    max_devices: int = 128
+    max_devices_with_counters_or_taints: int = 128
+    max_attributes_and_capacities_per_device: int = 32
+    max_taints_per_device: int = 16
+    max_attribute_value_length: int = 64
+    # 1.34 only
+    counters_in_own_slice: bool = False
+    max_shared_counters_per_slice: int | None = None
+    max_counters_per_device: int | None = None
+    max_device_counters_per_slice: int | None = None
+    # 1.35+
+    max_counter_sets_per_slice: int | None = None
+    max_counters_per_counter_set: int | None = None
+    max_counter_consumptions_per_device: int | None = None
+    max_counters_per_consumption: int | None = None
+
+
+_LIMITS: dict[int, SliceLimits] = {
+    34: SliceLimits(
+        minor=34,
+        max_taints_per_device=4,
+        counters_in_own_slice=True,
+        max_shared_counters_per_slice=32,
+        max_counters_per_device=32,
+        max_device_counters_per_slice=1024,
+    ),
+    **{
+        minor: SliceLimits(
+            minor=minor,
+            max_devices_with_counters_or_taints=64,
+            max_counter_sets_per_slice=8,
+            max_counters_per_counter_set=32,
+            max_counter_consumptions_per_device=2,
+            max_counters_per_consumption=32,
+        )
+        for minor in range(35, MAX_MINOR + 1)
+    },
+}
+
+DRIVER_NAME_MAX_LENGTH = 63
+POOL_NAME_MAX_LENGTH = 253
+DEVICE_NAME_MAX_LENGTH = 63  # a DNS label
+QUALIFIED_ID_MAX_LENGTH = 32
+
+_VERSION_RE = re.compile(r"^v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?$")
+
+
+def parse_minor(version: str) -> int:
+    """`1.35`, `v1.35.2` or `1.35.0-rc.1` -> 35; a clear error outside the supported range."""
+    m = _VERSION_RE.match(version.strip())
+    if not m:
+        raise ValueError(f"invalid Kubernetes version {version!r}: expected 1.<minor>[.<patch>]")
+    minor = int(m.group(1))
+    if not MIN_MINOR <= minor <= MAX_MINOR:
+        raise ValueError(
+            f"Kubernetes 1.{minor} is not supported: resource.k8s.io/v1 slices need 1.{MIN_MINOR}..1.{MAX_MINOR}"
+        )
+    return minor
+
+
+def limits_for(version: str | int) -> SliceLimits:
+    minor = version if isinstance(version, int) else parse_minor(version)
+    if minor not in _LIMITS:
+        raise ValueError(f"Kubernetes 1.{minor} is not supported (1.{MIN_MINOR}..1.{MAX_MINOR})")
+    return _LIMITS[minor]
