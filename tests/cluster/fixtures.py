@@ -1,0 +1,1 @@
+"""Placeholder until the control-plane harness lands: no fixtures yet."""
