@@ -148,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (DiscoveryError, SliceLimitError, KeyError, ValueError) as e:
-        print(f"dra-driver: error: {e}", file=sys.stderr)
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
+        print(f"dra-driver: error: {message}", file=sys.stderr)
         return 1
 
 

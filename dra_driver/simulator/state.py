@@ -91,9 +91,7 @@ class StateStore:
         tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
         with open(tmp, "w") as f:
             f.write(state.model_dump_json(indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        os.replace(tmp, self.path)  # atomic: readers in other processes see the old or the new state
         self._cached = state
         self._cached_stat = self._stat()
 

@@ -1,0 +1,60 @@
+"""The `dra-driver` command line, run as a user runs it (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def _run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra_driver", *args], capture_output=True, text=True,
+                          env={"DRA_DRIVER_SIM_STATE": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+def test_inventory_json_is_a_list_of_full_objects(tmp_path: Path) -> None:
+    out = _run("inventory", "--sim", "dgx-h100", "--k8s-version", "1.35", "--node-name", "gpu-node-1",
+               "-o", "json", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "List" and len(doc["items"]) == 9
+    first = doc["items"][1]
+    assert first["apiVersion"] == "resource.k8s.io/v1" and first["kind"] == "ResourceSlice"
+    assert first["spec"]["nodeName"] == "gpu-node-1" and first["spec"]["pool"]["name"] == "gpu-node-1"
+    assert first["spec"]["devices"][0]["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
+
+
+def test_inventory_yaml_is_a_stream_of_slices(tmp_path: Path) -> None:
+    out = _run("inventory", "--sim", "dgx-a100", "--k8s-version", "1.34", "--node-name", "n", "-o", "yaml",
+               tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    docs = list(yaml.safe_load_all(out.stdout))
+    # A100 with MIG off: whole GPUs only (MIG needs a reset to switch on), packed in one slice
+    assert len(docs) == 1 and len(docs[0]["spec"]["devices"]) == 8
+
+
+def test_table_and_sim_list(tmp_path: Path) -> None:
+    out = _run("inventory", "--sim", "mixed", "-o", "table", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "NVIDIA L40S" in out.stdout and "3 counter sets" in out.stdout
+    listed = _run("sim", "list", tmp_path=tmp_path)
+    assert all(m in listed.stdout for m in ("dgx-a100", "dgx-h100", "dgx-h200", "mixed"))
+
+
+def test_errors_are_clear_and_exit_1(tmp_path: Path) -> None:
+    bad_version = _run("inventory", "--sim", "dgx-h100", "--k8s-version", "1.30", tmp_path=tmp_path)
+    assert bad_version.returncode == 1
+    assert "Kubernetes 1.30 is not supported" in bad_version.stderr and "Traceback" not in bad_version.stderr
+    no_gpu = _run("inventory", "--nvml", tmp_path=tmp_path)
+    assert no_gpu.returncode == 1 and "cannot initialise NVML" in no_gpu.stderr
+    unknown = _run("inventory", "--sim", "dgx-z9", tmp_path=tmp_path)
+    assert unknown.returncode == 1 and "unknown simulated machine 'dgx-z9'" in unknown.stderr
+
+
+def test_demo_runs_on_the_simulated_node(tmp_path: Path) -> None:
+    out = _run("demo", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "NVIDIA H100 80GB HBM3" in out.stdout and "208 devices" in out.stdout

@@ -1,0 +1,317 @@
+"""ResourceSlice generation: layouts and limits per Kubernetes minor, counters, names, modes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pynvml
+import pytest
+
+from dra_driver.nvml.discovery import discover
+from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile, Placement
+from dra_driver.slices import attributes as A
+from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
+from dra_driver.slices.limits import limits_for, parse_minor
+from dra_driver.slices.model import Device, DeviceTaint, ResourceSlice
+from dra_driver.slices.naming import GpuRef, MigRef, mig_device_name, parse_device_name
+from dra_driver.slices.quantity import binary_quantity
+from tests.simhelpers import create_gi
+
+
+def _inventory(sim_factory, machine: str) -> Inventory:
+    sim = sim_factory(machine)
+    return discover(sim, sim.sysfs_root)
+
+
+def _devices(slices: list[ResourceSlice]) -> list[Device]:
+    return [d for s in slices for d in s.spec.devices or []]
+
+
+def _qty(v: str) -> int:
+    for i, suffix in enumerate(("Ki", "Mi", "Gi", "Ti"), start=1):
+        if v.endswith(suffix):
+            return int(v[: -len(suffix)]) * 1024**i
+    return int(v)
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
+def test_dgx_h200_fits_the_limits(sim_factory, version: str) -> None:
+    inv = _inventory(sim_factory, "dgx-h200")
+    slices = build_slices(inv, node_name="node-a", k8s_version=version)
+    devices = _devices(slices)
+    assert len(devices) == 8 * (1 + 7 + 7 + 4 + 3 + 2 + 1 + 1)  # whole GPU + every profile x placement
+    assert sum(len(s.spec.shared_counters or []) for s in slices) == 8
+    if version == "1.34":
+        assert len(slices) == 8  # one slice per GPU with its counter set and devices
+        assert all(s.spec.shared_counters and s.spec.devices for s in slices)
+    else:
+        assert len(slices) == 9  # counter sets alone, then one slice per GPU
+        assert slices[0].spec.devices is None and len(slices[0].spec.shared_counters or []) == 8
+        assert all(s.spec.shared_counters is None for s in slices[1:])
+    assert {s.spec.pool.resource_slice_count for s in slices} == {len(slices)}
+    assert {s.spec.pool.name for s in slices} == {"node-a"}
+    assert len({s.metadata.name for s in slices}) == len(slices)
+
+
+def test_output_is_deterministic_across_processes_and_state_dirs(sim_factory) -> None:
+    a = [s.to_api() for s in build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n")]
+    b = [s.to_api() for s in build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n")]
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_attributes_mirror_the_official_driver(sim_factory) -> None:
+    inv = _inventory(sim_factory, "dgx-h100")
+    devices = {d.name: d for d in _devices(build_slices(inv, node_name="n"))}
+    gpu, mig = devices["gpu-3"], devices["gpu-3-mig-3g40gb-9-4"]
+    g = inv.gpu_by_minor(3)
+    assert {k: v.value() for k, v in gpu.attributes.items()} == {
+        "type": "gpu",
+        "uuid": g.uuid,
+        "productName": "NVIDIA H100 80GB HBM3",
+        "brand": "Nvidia",
+        "architecture": "Hopper",
+        "cudaComputeCapability": "9.0.0",
+        "driverVersion": "550.54.15",
+        "cudaDriverVersion": "12.4.0",
+        "resource.kubernetes.io/pciBusID": "0000:61:00.0",
+        "resource.kubernetes.io/pcieRoot": "pci0000:5b",
+    }
+    assert gpu.attributes["cudaComputeCapability"].version == "9.0.0"  # typed as version, not string
+    assert mig.attributes["type"].value() == "mig" and mig.attributes["profile"].value() == "3g.40gb"
+    assert mig.attributes["parentUUID"].value() == g.uuid and "uuid" not in mig.attributes
+    assert {k: v.value for k, v in mig.capacity.items()} == {
+        "multiprocessors": "60", "copyEngines": "3", "decoders": "3", "encoders": "0",
+        "jpegEngines": "3", "ofaEngines": "0", "memory": "40448Mi",
+    }
+    assert gpu.capacity["memory"].value == "81559Mi"
+
+
+def test_device_names_parse_back_to_what_they_consume(sim_factory) -> None:
+    inv = _inventory(sim_factory, "dgx-h200")
+    for d in _devices(build_slices(inv, node_name="n")):
+        ref = parse_device_name(d.name)
+        if isinstance(ref, GpuRef):
+            assert d.attributes["type"].value() == "gpu"
+            continue
+        assert isinstance(ref, MigRef)
+        profile = inv.gpu_by_minor(ref.parent_minor).profile(ref.profile_id)
+        assert d.attributes["profile"].value() == profile.name
+        (consumption,) = d.consumes_counters or []
+        slices = sorted(int(k.removeprefix("memory-slice-")) for k in consumption.counters if k.startswith("memory-"))
+        assert slices == list(range(ref.placement_start, ref.placement_start + profile.memory_slices))
+        assert consumption.counter_set == f"gpu-{ref.parent_minor}-counter-set"
+
+
+@pytest.mark.parametrize("bad", ["gpu-", "gpu-x", "gpu-0-mig-1g10gb-19", "mig-1g10gb-19-0", "gpu-0-mig--19-0"])
+def test_parse_rejects_foreign_names(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a device name of this driver"):
+        parse_device_name(bad)
+
+
+def test_plus_me_profile_name_is_a_dns_label() -> None:
+    assert mig_device_name(0, "1g.10gb+me", 20, 3) == "gpu-0-mig-1g10gb-me-20-3"
+    assert parse_device_name("gpu-0-mig-1g10gb-me-20-3") == MigRef(0, "1g10gb-me", 20, 3)
+
+
+def test_whole_gpu_consumes_every_counter(sim_factory) -> None:
+    slices = build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n", k8s_version="1.34")
+    for s in slices:
+        (counter_set,) = s.spec.shared_counters or []
+        whole = next(d for d in s.spec.devices or [] if d.attributes["type"].value() == "gpu")
+        (consumed,) = whole.consumes_counters or []
+        assert consumed.counters == counter_set.counters
+
+
+@pytest.mark.parametrize("machine", ["dgx-h100", "dgx-a100", "dgx-h200", "dgx-b200"])
+def test_every_layout_the_gpu_accepts_fits_the_counters(sim_factory, machine: str) -> None:
+    """Oracle: the simulator (NVML rules). Any set of partitions it lets us create together must fit the
+    published counters, and any two partitions sharing a memory slice must not."""
+    sim = sim_factory(machine)
+    dev = sim.nvmlDeviceGetHandleByIndex(0)
+    if sim.nvmlDeviceSetMigMode(dev, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_ERROR_RESET_REQUIRED:
+        sim.reset_gpu(0)
+    inv = discover(sim, sim.sysfs_root)
+    slices = build_slices(inv, node_name="n", k8s_version="1.35")
+    counters = {k: _qty(c.value) for k, c in (slices[0].spec.shared_counters or [])[0].counters.items()}
+    partitions = [d for d in _devices(slices) if d.name.startswith("gpu-0-mig-")]
+    rng = random.Random(7)
+    largest_layout = 0
+    for _ in range(60):
+        chosen: list[Device] = []
+        for d in rng.sample(partitions, len(partitions)):
+            ref = parse_device_name(d.name)
+            assert isinstance(ref, MigRef)
+            size = inv.gpus[0].profile(ref.profile_id).memory_slices
+            try:
+                create_gi(sim, dev, ref.profile_id, ref.placement_start, size)
+            except pynvml.NVMLError:
+                continue
+            chosen.append(d)
+        used: dict[str, int] = {}
+        for d in chosen:
+            for k, v in (d.consumes_counters or [])[0].counters.items():
+                used[k] = used.get(k, 0) + _qty(v.value)
+        assert all(used[k] <= counters[k] for k in used), (sorted(d.name for d in chosen), used, counters)
+        largest_layout = max(largest_layout, len(chosen))
+        sim.reset_gpu(0)
+    assert largest_layout >= 4  # the random layouts did combine several partitions
+    for a, b in itertools.combinations(partitions, 2):
+        ca, cb = (a.consumes_counters or [])[0].counters, (b.consumes_counters or [])[0].counters
+        shared = {k for k in ca if k.startswith("memory-slice")} & set(cb)
+        # two partitions sharing a memory slice would need 2 of a counter that holds 1
+        assert all(_qty(ca[k].value) + _qty(cb[k].value) > counters[k] for k in shared), (a.name, b.name)
+
+
+def test_counters_cover_the_largest_layout_sum() -> None:
+    """Seven 1g instances need more copy engines than any single profile has on this synthetic part."""
+
+    def profile(pid: int, enum: int, name: str, c: int, m: int, starts: list[int], ce: int, mib: int) -> MigProfile:
+        return MigProfile(
+            enum=enum, id=pid, name=name, driver_name=name, compute_slices=c, memory_slices=m,
+            instance_count=len(starts), multiprocessors=10 * c, copy_engines=ce, decoders=0, encoders=0,
+            jpeg_engines=0, ofa_engines=0, memory_mib=mib, placements=tuple(Placement(start=s, size=m) for s in starts),
+        )
+
+    profiles = (
+        profile(19, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, "1g.10gb", 1, 1, list(range(7)), 2, 10240),
+        profile(0, pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, "7g.80gb", 7, 8, [0], 8, 81920),
+    )
+    from dra_driver.slices.counters import counter_totals
+
+    totals = counter_totals(profiles)
+    assert totals["copyEngines"] == 14  # 7 x 2, more than the 7g's 8
+    assert totals["multiprocessors"] == 70
+    assert totals["memory"] == 81920 << 20
+
+
+def _synthetic_gpu(minor: int, n_profiles: int) -> GpuInfo:
+    profiles = tuple(
+        MigProfile(
+            enum=pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, id=100 + i, name=f"1g.{i + 1}gb", driver_name="x",
+            compute_slices=1, memory_slices=1, instance_count=7, multiprocessors=1, copy_engines=1, decoders=0,
+            encoders=0, jpeg_engines=0, ofa_engines=0, memory_mib=1024,
+            placements=tuple(Placement(start=s, size=1) for s in range(7)),
+        )
+        for i in range(n_profiles)
+    )
+    return GpuInfo(
+        index=minor, minor=minor, uuid=f"GPU-{minor}", product_name="Synthetic", brand="Nvidia",
+        architecture="Hopper", cuda_compute_capability="9.0", pci_bus_id=f"0000:{minor + 1:02x}:00.0",
+        pcie_root=None, pci_device_id=0, memory_bytes=80 << 30, mig_capable=True, mig_enabled=False,
+        mig_pending=False, virtualized=False, mig_toggle_needs_reset=False, mig_profiles=profiles,
+    )
+
+
+def test_past_the_134_device_limit_is_a_clear_error() -> None:
+    # 19 profiles x 7 placements + 1 = 134 devices share one counter set; 1.34 cannot split them.
+    inv = Inventory(driver_version="550.54.15", cuda_driver_version="12.4", gpus=(_synthetic_gpu(0, 19),))
+    with pytest.raises(SliceLimitError, match=r"GPU 0: 134 devices .* Kubernetes 1\.34 slice holds at most 128"):
+        build_slices(inv, node_name="n", k8s_version="1.34")
+    slices = build_slices(inv, node_name="n", k8s_version="1.35")  # 1.35+ splits them over slices of 64
+    assert [len(s.spec.devices or []) for s in slices] == [0, 64, 64, 6]
+
+
+def test_more_than_eight_gpus_need_two_counter_slices_from_135() -> None:
+    inv = Inventory(driver_version="550.54.15", cuda_driver_version="12.4",
+                    gpus=tuple(_synthetic_gpu(m, 1) for m in range(10)))
+    slices = build_slices(inv, node_name="n", k8s_version="1.36")
+    assert [len(s.spec.shared_counters or []) for s in slices[:2]] == [8, 2]
+    assert len(slices) == 12
+
+
+def test_taint_limits_differ_by_version(sim_factory) -> None:
+    inv = _inventory(sim_factory, "dgx-h100")
+    taints = {"gpu-0": [DeviceTaint(key=f"example.com/t{i}", effect="NoSchedule") for i in range(5)]}
+    with pytest.raises(SliceLimitError, match=r"device gpu-0: taints: 5 exceeds the Kubernetes 1\.34 limit of 4"):
+        build_slices(inv, node_name="n", k8s_version="1.34", taints=taints)
+    slices = build_slices(inv, node_name="n", k8s_version="1.35", taints=taints)
+    assert len(next(d for d in _devices(slices) if d.name == "gpu-0").taints or []) == 5
+    with pytest.raises(KeyError, match="unknown device gpu-99"):
+        build_slices(inv, node_name="n", taints={"gpu-99": []})
+
+
+def test_too_many_attributes_is_a_clear_error(sim_factory, monkeypatch) -> None:
+    from dra_driver.slices import devices as devices_module
+
+    original = devices_module._common_attributes
+
+    def bloated(inv, gpu):  # type: ignore[no-untyped-def]
+        attrs = original(inv, gpu)
+        attrs.update({f"extra{i}": devices_module.DeviceAttribute(int=i) for i in range(20)})
+        return attrs
+
+    monkeypatch.setattr(devices_module, "_common_attributes", bloated)
+    with pytest.raises(SliceLimitError, match=r"attributes and capacities: \d+ exceeds the Kubernetes 1\.35 limit of 32"):
+        build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n")
+
+
+def test_gpus_mode_has_no_counters(sim_factory) -> None:
+    slices = build_slices(_inventory(sim_factory, "dgx-h200"), node_name="n", mode=PublishMode.GPUS)
+    assert len(slices) == 1
+    assert [d.name for d in _devices(slices)] == [f"gpu-{i}" for i in range(8)]
+    assert all(d.consumes_counters is None for d in _devices(slices)) and slices[0].spec.shared_counters is None
+
+
+def test_static_mode_publishes_existing_mig_devices(sim_factory) -> None:
+    sim = sim_factory("mixed")
+    a100 = sim.nvmlDeviceGetHandleByIndex(0)  # MIG already on, minor 1
+    from tests.simhelpers import create_full_ci
+
+    uuids = set()
+    for pid, start, size, slices in [(9, 4, 4, 3), (14, 0, 2, 2)]:
+        gi = create_gi(sim, a100, pid, start, size)
+        uuids.add(sim.nvmlDeviceGetUUID(sim.nvmlComputeInstanceGetInfo(create_full_ci(sim, gi, slices)).device))
+    inv = discover(sim, sim.sysfs_root)
+    devices = {d.name: d for d in _devices(build_slices(inv, node_name="n", mode=PublishMode.STATIC))}
+    assert set(devices) == {"gpu-0", "gpu-2", "gpu-3", "gpu-4", "gpu-1-mig-2g20gb-14-0", "gpu-1-mig-3g40gb-9-4"}
+    assert {devices[n].attributes["uuid"].value() for n in devices if "mig" in n} == uuids
+    whole_only = {d.name for d in _devices(build_slices(inv, node_name="n", mode=PublishMode.GPUS))}
+    assert whole_only == {"gpu-0", "gpu-2", "gpu-3", "gpu-4"}
+
+
+def test_partitionable_mode_on_a_mixed_node(sim_factory) -> None:
+    inv = _inventory(sim_factory, "mixed")
+    slices = build_slices(inv, node_name="n", k8s_version="1.35")
+    names = {d.name for d in _devices(slices)}
+    assert "gpu-1" not in names  # Ampere with MIG on cannot be handed out whole
+    assert any(n.startswith("gpu-1-mig-") for n in names)
+    assert "gpu-0" in names and not any(n.startswith("gpu-0-mig-") for n in names)  # Ampere, MIG off
+    assert "gpu-4" in names and not any(n.startswith("gpu-4-mig-") for n in names)  # L40S: no MIG
+    sets = [c.name for s in slices for c in s.spec.shared_counters or []]
+    assert sets == ["gpu-1-counter-set", "gpu-2-counter-set", "gpu-3-counter-set"]
+    plain = [d for d in _devices(slices) if d.name in ("gpu-0", "gpu-4")]
+    assert all(d.consumes_counters is None for d in plain)
+
+
+def test_placements_offered_high_first(sim_factory) -> None:
+    slices = build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n", k8s_version="1.35")
+    order = [d.name for d in slices[1].spec.devices or [] if "-mig-1g10gb-19-" in d.name]
+    assert order == [f"gpu-0-mig-1g10gb-19-{s}" for s in (6, 5, 4, 3, 2, 1, 0)]
+
+
+def test_driver_name_is_configurable_and_validated(sim_factory) -> None:
+    inv = _inventory(sim_factory, "dgx-h100")
+    assert A.DEFAULT_DRIVER_NAME != "gpu.nvidia.com"
+    assert {s.spec.driver for s in build_slices(inv, node_name="n", driver="gpu.example.com")} == {"gpu.example.com"}
+    with pytest.raises(SliceLimitError, match="driver name 'GPU_Example' is not a DNS subdomain"):
+        build_slices(inv, node_name="n", driver="GPU_Example")
+
+
+@pytest.mark.parametrize(("version", "minor"), [("1.34", 34), ("v1.35.2", 35), ("1.36.0-rc.1", 36), ("1.37", 37)])
+def test_version_parsing(version: str, minor: int) -> None:
+    assert parse_minor(version) == minor
+    assert limits_for(version).minor == minor
+
+
+@pytest.mark.parametrize("bad", ["1.33", "1.38", "2.0", "latest"])
+def test_unsupported_versions_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="not supported|invalid Kubernetes version"):
+        limits_for(bad)
+
+
+@pytest.mark.parametrize(("n", "q"), [(0, "0"), (1023, "1023"), (1024, "1Ki"), (81559 << 20, "81559Mi"),
+                                      (140 << 30, "140Gi"), (1536, "1536")])
+def test_binary_quantity(n: int, q: str) -> None:
+    assert binary_quantity(n) == q
