@@ -11,13 +11,28 @@ import yaml
 
 
 def _run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dra_driver", *args], capture_output=True, text=True,
-                          env={"DRA_DRIVER_SIM_STATE": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dra_driver", *args],
+        capture_output=True,
+        text=True,
+        env={"DRA_DRIVER_SIM_STATE": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
 
 
 def test_inventory_json_is_a_list_of_full_objects(tmp_path: Path) -> None:
-    out = _run("inventory", "--sim", "dgx-h100", "--k8s-version", "1.35", "--node-name", "gpu-node-1",
-               "-o", "json", tmp_path=tmp_path)
+    out = _run(
+        "inventory",
+        "--sim",
+        "dgx-h100",
+        "--k8s-version",
+        "1.35",
+        "--node-name",
+        "gpu-node-1",
+        "-o",
+        "json",
+        tmp_path=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["kind"] == "List" and len(doc["items"]) == 9
@@ -28,8 +43,9 @@ def test_inventory_json_is_a_list_of_full_objects(tmp_path: Path) -> None:
 
 
 def test_inventory_yaml_is_a_stream_of_slices(tmp_path: Path) -> None:
-    out = _run("inventory", "--sim", "dgx-a100", "--k8s-version", "1.34", "--node-name", "n", "-o", "yaml",
-               tmp_path=tmp_path)
+    out = _run(
+        "inventory", "--sim", "dgx-a100", "--k8s-version", "1.34", "--node-name", "n", "-o", "yaml", tmp_path=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     docs = list(yaml.safe_load_all(out.stdout))
     # A100 with MIG off: whole GPUs only (MIG needs a reset to switch on), packed in one slice

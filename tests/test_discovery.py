@@ -30,8 +30,9 @@ def test_inventory_matches_machine_definition(sim_factory, name: str) -> None:
         assert {(p.id, p.name) for p in gpu.mig_profiles} == {(p.id, p.name) for p in prod.mig_profiles}
         for p in gpu.mig_profiles:
             assert p.name == p.driver_name  # formula agrees with what the driver reports
-            assert [pl.start for pl in p.placements] == prod.mig_profiles[[q.id for q in prod.mig_profiles]
-                                                                          .index(p.id)].placements
+            assert [pl.start for pl in p.placements] == prod.mig_profiles[
+                [q.id for q in prod.mig_profiles].index(p.id)
+            ].placements
     assert len({g.uuid for g in inv.gpus}) == len(inv.gpus)
 
 
@@ -73,7 +74,7 @@ def test_discovery_changes_nothing(sim_factory) -> None:
 
 def test_real_backend_without_driver_is_a_clear_error() -> None:
     # This machine has no NVIDIA driver: the real pynvml fails to load libnvidia-ml.
-    with pytest.raises(DiscoveryError, match="cannot initialise NVML: .*--sim MACHINE"):
+    with pytest.raises(DiscoveryError, match=r"cannot initialise NVML: .*--sim MACHINE"):
         discover(real_nvml())
 
 

@@ -47,8 +47,13 @@ def test_unknown_enum_is_an_error() -> None:
 
 @pytest.mark.parametrize(
     ("name", "c", "g", "gb", "suffix"),
-    [("1g.10gb", 1, 1, 10, ""), ("1c.3g.40gb", 1, 3, 40, ""), ("1g.18gb+me", 1, 1, 18, "+me"),
-     ("7g.141gb", 7, 7, 141, ""), ("1g.24gb+me.all", 1, 1, 24, "+me.all")],
+    [
+        ("1g.10gb", 1, 1, 10, ""),
+        ("1c.3g.40gb", 1, 3, 40, ""),
+        ("1g.18gb+me", 1, 1, 18, "+me"),
+        ("7g.141gb", 7, 7, 141, ""),
+        ("1g.24gb+me.all", 1, 1, 24, "+me.all"),
+    ],
 )
 def test_parse_profile_name(name: str, c: int, g: int, gb: int, suffix: str) -> None:
     parsed = parse_profile_name(name)

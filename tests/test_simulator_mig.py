@@ -308,8 +308,12 @@ def test_state_is_shared_between_instances_and_processes(tmp_path: Path) -> None
         "s.nvmlGpuInstanceDestroy(s.nvmlDeviceGetGpuInstanceById(d, 1))\n"
     )
     gi_id = one.nvmlGpuInstanceGetInfo(gi).id
-    out = subprocess.run([sys.executable, "-c", script.replace("d, 1", f"d, {gi_id}"), str(tmp_path)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script.replace("d, 1", f"d, {gi_id}"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "5"
     with pytest.raises(pynvml.NVMLError_InvalidArgument):  # destroyed by the other process
         one.nvmlGpuInstanceGetInfo(gi)

@@ -82,8 +82,13 @@ def test_attributes_mirror_the_official_driver(sim_factory) -> None:
     assert mig.attributes["type"].value() == "mig" and mig.attributes["profile"].value() == "3g.40gb"
     assert mig.attributes["parentUUID"].value() == g.uuid and "uuid" not in mig.attributes
     assert {k: v.value for k, v in mig.capacity.items()} == {
-        "multiprocessors": "60", "copyEngines": "3", "decoders": "3", "encoders": "0",
-        "jpegEngines": "3", "ofaEngines": "0", "memory": "40448Mi",
+        "multiprocessors": "60",
+        "copyEngines": "3",
+        "decoders": "3",
+        "encoders": "0",
+        "jpegEngines": "3",
+        "ofaEngines": "0",
+        "memory": "40448Mi",
     }
     assert gpu.capacity["memory"].value == "81559Mi"
 
@@ -169,9 +174,21 @@ def test_counters_cover_the_largest_layout_sum() -> None:
 
     def profile(pid: int, enum: int, name: str, c: int, m: int, starts: list[int], ce: int, mib: int) -> MigProfile:
         return MigProfile(
-            enum=enum, id=pid, name=name, driver_name=name, compute_slices=c, memory_slices=m,
-            instance_count=len(starts), multiprocessors=10 * c, copy_engines=ce, decoders=0, encoders=0,
-            jpeg_engines=0, ofa_engines=0, memory_mib=mib, placements=tuple(Placement(start=s, size=m) for s in starts),
+            enum=enum,
+            id=pid,
+            name=name,
+            driver_name=name,
+            compute_slices=c,
+            memory_slices=m,
+            instance_count=len(starts),
+            multiprocessors=10 * c,
+            copy_engines=ce,
+            decoders=0,
+            encoders=0,
+            jpeg_engines=0,
+            ofa_engines=0,
+            memory_mib=mib,
+            placements=tuple(Placement(start=s, size=m) for s in starts),
         )
 
     profiles = (
@@ -189,18 +206,42 @@ def test_counters_cover_the_largest_layout_sum() -> None:
 def _synthetic_gpu(minor: int, n_profiles: int) -> GpuInfo:
     profiles = tuple(
         MigProfile(
-            enum=pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, id=100 + i, name=f"1g.{i + 1}gb", driver_name="x",
-            compute_slices=1, memory_slices=1, instance_count=7, multiprocessors=1, copy_engines=1, decoders=0,
-            encoders=0, jpeg_engines=0, ofa_engines=0, memory_mib=1024,
+            enum=pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
+            id=100 + i,
+            name=f"1g.{i + 1}gb",
+            driver_name="x",
+            compute_slices=1,
+            memory_slices=1,
+            instance_count=7,
+            multiprocessors=1,
+            copy_engines=1,
+            decoders=0,
+            encoders=0,
+            jpeg_engines=0,
+            ofa_engines=0,
+            memory_mib=1024,
             placements=tuple(Placement(start=s, size=1) for s in range(7)),
         )
         for i in range(n_profiles)
     )
     return GpuInfo(
-        index=minor, minor=minor, uuid=f"GPU-{minor}", product_name="Synthetic", brand="Nvidia",
-        architecture="Hopper", cuda_compute_capability="9.0", pci_bus_id=f"0000:{minor + 1:02x}:00.0",
-        pcie_root=None, pci_device_id=0, memory_bytes=80 << 30, mig_capable=True, mig_enabled=False,
-        mig_pending=False, virtualized=False, mig_toggle_needs_reset=False, mig_profiles=profiles,
+        index=minor,
+        minor=minor,
+        uuid=f"GPU-{minor}",
+        product_name="Synthetic",
+        brand="Nvidia",
+        architecture="Hopper",
+        cuda_compute_capability="9.0",
+        pci_bus_id=f"0000:{minor + 1:02x}:00.0",
+        pcie_root=None,
+        pci_device_id=0,
+        memory_bytes=80 << 30,
+        mig_capable=True,
+        mig_enabled=False,
+        mig_pending=False,
+        virtualized=False,
+        mig_toggle_needs_reset=False,
+        mig_profiles=profiles,
     )
 
 
@@ -214,8 +255,9 @@ def test_past_the_134_device_limit_is_a_clear_error() -> None:
 
 
 def test_more_than_eight_gpus_need_two_counter_slices_from_135() -> None:
-    inv = Inventory(driver_version="550.54.15", cuda_driver_version="12.4",
-                    gpus=tuple(_synthetic_gpu(m, 1) for m in range(10)))
+    inv = Inventory(
+        driver_version="550.54.15", cuda_driver_version="12.4", gpus=tuple(_synthetic_gpu(m, 1) for m in range(10))
+    )
     slices = build_slices(inv, node_name="n", k8s_version="1.36")
     assert [len(s.spec.shared_counters or []) for s in slices[:2]] == [8, 2]
     assert len(slices) == 12
@@ -243,7 +285,9 @@ def test_too_many_attributes_is_a_clear_error(sim_factory, monkeypatch) -> None:
         return attrs
 
     monkeypatch.setattr(devices_module, "_common_attributes", bloated)
-    with pytest.raises(SliceLimitError, match=r"attributes and capacities: \d+ exceeds the Kubernetes 1\.35 limit of 32"):
+    with pytest.raises(
+        SliceLimitError, match=r"attributes and capacities: \d+ exceeds the Kubernetes 1\.35 limit of 32"
+    ):
         build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n")
 
 
@@ -307,11 +351,13 @@ def test_version_parsing(version: str, minor: int) -> None:
 
 @pytest.mark.parametrize("bad", ["1.33", "1.38", "2.0", "latest"])
 def test_unsupported_versions_are_refused(bad: str) -> None:
-    with pytest.raises(ValueError, match="not supported|invalid Kubernetes version"):
+    with pytest.raises(ValueError, match=r"not supported|invalid Kubernetes version"):
         limits_for(bad)
 
 
-@pytest.mark.parametrize(("n", "q"), [(0, "0"), (1023, "1023"), (1024, "1Ki"), (81559 << 20, "81559Mi"),
-                                      (140 << 30, "140Gi"), (1536, "1536")])
+@pytest.mark.parametrize(
+    ("n", "q"),
+    [(0, "0"), (1023, "1023"), (1024, "1Ki"), (81559 << 20, "81559Mi"), (140 << 30, "140Gi"), (1536, "1536")],
+)
 def test_binary_quantity(n: int, q: str) -> None:
     assert binary_quantity(n) == q

@@ -68,9 +68,7 @@ def counter_totals(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
         for i, p in starts.get(pos, []):
             if used[i] >= p.instance_count or p.compute_slices > compute_left:
                 continue
-            nxt = best(
-                pos + p.memory_slices, compute_left - p.compute_slices, (*used[:i], used[i] + 1, *used[i + 1:])
-            )
+            nxt = best(pos + p.memory_slices, compute_left - p.compute_slices, (*used[:i], used[i] + 1, *used[i + 1 :]))
             here = tuple(caps[i][c] + nxt[k] for k, c in enumerate(MIG_CAPACITIES))
             result = tuple(max(a, b) for a, b in zip(result, here, strict=True))
         memo[key] = result
