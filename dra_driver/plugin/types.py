@@ -1,0 +1,43 @@
+"""What the kubelet-facing gRPC layer and the claim-preparing core exchange: plain data, no gRPC types."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ClaimRef(BaseModel):
+    """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class PreparedDevice(BaseModel):
+    requests: list[str]  # request names (subrequest suffix stripped); empty means all requests
+    pool: str
+    device: str
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+
+
+class PrepareResult(BaseModel):
+    devices: list[PreparedDevice] = []
+    error: str = ""  # non-empty: this claim failed; the kubelet retries it
+
+
+class ClaimPreparer(Protocol):
+    """Implemented by the plugin core; called by the gRPC servers (v1 and v1beta1 alike).
+
+    Both calls are idempotent and must return an entry for every claim they were given.
+    """
+
+    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]: ...
+
+    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+        """claim UID -> error message ("" on success)."""
+        ...
