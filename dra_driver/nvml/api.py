@@ -82,3 +82,13 @@ def error_name(code: int) -> str:
         if name.startswith("NVML_ERROR_") and value == code:
             return str(name)
     return f"NVML_ERROR_{code}"
+
+
+def describe(err: BaseException) -> str:
+    """`NVML_ERROR_INSUFFICIENT_RESOURCES (Insufficient Resources)`: the code's name is always there, even when
+    pynvml cannot ask the library for the text."""
+    code = error_code(err)
+    if code is None:
+        return str(err)
+    text = str(err)
+    return error_name(code) if text.startswith("NVML Error with code") else f"{error_name(code)} ({text})"

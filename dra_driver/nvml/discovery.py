@@ -9,7 +9,7 @@ from typing import Any
 
 import pynvml
 
-from dra_driver.nvml.api import Handle, NvmlLibrary, error_code
+from dra_driver.nvml.api import Handle, NvmlLibrary, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigInstance, MigProfile, Placement
 from dra_driver.nvml.migprofile import COMPUTE_INSTANCE_ENUM_BY_SLICES, GPU_INSTANCE_ENUMS, profile_name
 from dra_driver.nvml.pcie import normalize_bus_id, pcie_root
@@ -53,7 +53,7 @@ def _call(what: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except pynvml.NVMLError as e:
-        raise DiscoveryError(f"{what}: {e}") from e
+        raise DiscoveryError(f"{what}: {describe(e)}") from e
 
 
 def cuda_version_string(cuda_driver_version: int) -> str:
@@ -66,7 +66,7 @@ def discover(lib: NvmlLibrary, sysfs_root: Path = Path("/sys")) -> Inventory:
         lib.nvmlInit()
     except pynvml.NVMLError as e:
         raise DiscoveryError(
-            f"cannot initialise NVML: {e} (no NVIDIA driver here? `--sim MACHINE` uses a simulated node)"
+            f"cannot initialise NVML: {describe(e)} (no NVIDIA driver here? `--sim MACHINE` uses a simulated node)"
         ) from e
     try:
         driver = _text(_call("driver version", lib.nvmlSystemGetDriverVersion))
@@ -85,7 +85,7 @@ def _mig_mode(lib: NvmlLibrary, h: Handle) -> tuple[bool, bool, bool]:
     except pynvml.NVMLError as e:
         if error_code(e) == pynvml.NVML_ERROR_NOT_SUPPORTED:
             return False, False, False
-        raise DiscoveryError(f"MIG mode: {e}") from e
+        raise DiscoveryError(f"MIG mode: {describe(e)}") from e
     return True, bool(current), bool(pending)
 
 
@@ -142,7 +142,7 @@ def _mig_profiles(lib: NvmlLibrary, h: Handle, memory_total: int) -> tuple[MigPr
         except pynvml.NVMLError as e:
             if error_code(e) in _SKIP_PROFILE:  # absent on this product
                 continue
-            raise DiscoveryError(f"MIG profile {enum}: {e}") from e
+            raise DiscoveryError(f"MIG profile {enum}: {describe(e)}") from e
         if not placements:
             continue
         g = GPU_INSTANCE_ENUMS[enum].gpu_slices
@@ -179,7 +179,7 @@ def _mig_instances(lib: NvmlLibrary, h: Handle, profiles: tuple[MigProfile, ...]
         except pynvml.NVMLError as e:
             if error_code(e) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
                 continue
-            raise DiscoveryError(f"MIG device {i}: {e}") from e
+            raise DiscoveryError(f"MIG device {i}: {describe(e)}") from e
         gi_id = _call("GPU instance id", lib.nvmlDeviceGetGpuInstanceId, mig)
         ci_id = _call("compute instance id", lib.nvmlDeviceGetComputeInstanceId, mig)
         gi_info = _call(

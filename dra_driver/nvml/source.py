@@ -13,6 +13,7 @@ from dra_driver.nvml.api import NvmlLibrary, real_nvml
 class NvmlSource:
     lib: NvmlLibrary
     sysfs_root: Path
+    proc_root: Path  # /proc/devices and the MIG capability files
     description: str
 
 
@@ -23,11 +24,16 @@ def default_sim_state_dir(machine: str) -> Path:
     return Path(base) / machine
 
 
-def open_source(sim_machine: str | None, sim_state: Path | None = None, sysfs_root: Path = Path("/sys")) -> NvmlSource:
+def open_source(
+    sim_machine: str | None,
+    sim_state: Path | None = None,
+    sysfs_root: Path = Path("/sys"),
+    proc_root: Path = Path("/proc"),
+) -> NvmlSource:
     """`sim_machine` selects a simulated machine (state shared through `sim_state`); None means real NVML."""
     if sim_machine is None:
-        return NvmlSource(real_nvml(), sysfs_root, "NVML (libnvidia-ml)")
+        return NvmlSource(real_nvml(), sysfs_root, proc_root, "NVML (libnvidia-ml)")
     from dra_driver.simulator.nvml import SimulatedNvml
 
     sim = SimulatedNvml(sim_machine, sim_state or default_sim_state_dir(sim_machine))
-    return NvmlSource(sim, sim.sysfs_root, f"simulated {sim_machine} (state in {sim.state_dir})")
+    return NvmlSource(sim, sim.sysfs_root, sim.proc_root, f"simulated {sim_machine} (state in {sim.state_dir})")

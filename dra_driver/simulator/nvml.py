@@ -39,6 +39,7 @@ from dra_driver.simulator.state import (
     MachineState,
     StateStore,
 )
+from dra_driver.simulator.procfs import write_fake_procfs
 from dra_driver.simulator.sysfs import write_fake_sysfs
 
 _UUID_NAMESPACE = uuid.UUID("6f1c6d3e-6a43-4d39-9a4c-5b0b8d7f3a10")
@@ -87,7 +88,9 @@ class SimulatedNvml:
         self.spec = machine(machine_spec) if isinstance(machine_spec, str) else machine_spec
         self.state_dir = Path(state_dir)
         self.products: list[ProductSpec] = [product(g.product) for g in self.spec.gpus]
-        self.store = StateStore(self.state_dir, self.spec)
+        self.minors = [i if g.minor is None else g.minor for i, g in enumerate(self.spec.gpus)]
+        self.proc_root = self.state_dir / "proc"
+        self.store = StateStore(self.state_dir, self.spec, on_commit=self._sync_procfs)
         self.sysfs_root = write_fake_sysfs(
             self.state_dir / "sys", [g.pci_bus_id for g in self.spec.gpus], [g.pcie_root for g in self.spec.gpus]
         )
@@ -96,6 +99,9 @@ class SimulatedNvml:
             "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.spec.name}/{i}/{g.pci_bus_id}"))
             for i, g in enumerate(self.spec.gpus)
         ]
+
+    def _sync_procfs(self, state: MachineState) -> None:
+        write_fake_procfs(self.proc_root, state, self.minors)
 
     # ----- plumbing -------------------------------------------------------------------------------------
     def _require_init(self) -> MachineState:
@@ -238,9 +244,7 @@ class SimulatedNvml:
         return self.gpu_uuids[self._gpu(handle)[0]]
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
-        index = self._gpu(handle)[0]
-        minor = self.spec.gpus[index].minor
-        return index if minor is None else minor
+        return self.minors[self._gpu(handle)[0]]
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
         index, _, prod = self._gpu(handle)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -57,7 +57,9 @@ def initial_state(spec: MachineSpec) -> MachineState:
 class StateStore:
     """Reads are served from a cache that is refreshed when the file changes; writes hold the lock."""
 
-    def __init__(self, directory: Path, spec: MachineSpec) -> None:
+    def __init__(
+        self, directory: Path, spec: MachineSpec, on_commit: Callable[[MachineState], None] | None = None
+    ) -> None:
         self.directory = directory
         self.path = directory / "nvml-state.json"
         self._lock_path = directory / "nvml-state.lock"
@@ -65,11 +67,14 @@ class StateStore:
         self._thread_lock = threading.RLock()
         self._cached: MachineState | None = None
         self._cached_stat: tuple[int, int, int] | None = None
+        self._on_commit = on_commit
         directory.mkdir(parents=True, exist_ok=True)
         with self._locked():
             if not self.path.exists():
                 self._write(initial_state(spec))
             state = self._load()
+            if on_commit is not None:
+                on_commit(state)
         if state.machine != spec.name or len(state.gpus) != len(spec.gpus):
             raise ValueError(
                 f"simulator state {self.path} belongs to machine {state.machine!r} with {len(state.gpus)} GPUs, "
@@ -117,3 +122,5 @@ class StateStore:
             state = self._load().model_copy(deep=True)
             yield state
             self._write(state)
+            if self._on_commit is not None:
+                self._on_commit(state)  # still under the lock: derived files match the state

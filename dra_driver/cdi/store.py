@@ -1,0 +1,49 @@
+"""CDI spec files on disk: written atomically (a temp name the runtime ignores, fsync, rename), removed on
+unprepare, listed to find orphans after a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from dra_driver.cdi.spec import CDI_CLASS, CdiSpec, spec_file_name, vendor
+
+
+class CdiStore:
+    def __init__(self, root: Path, driver: str) -> None:
+        self.root = root
+        self.driver = driver
+
+    def path(self, claim_uid: str) -> Path:
+        return self.root / spec_file_name(self.driver, claim_uid)
+
+    def write(self, claim_uid: str, spec: CdiSpec) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.path(claim_uid)
+        tmp = final.with_name(f".{final.name}.tmp")  # neither .json nor .yaml: runtimes skip it
+        with open(tmp, "w") as f:
+            json.dump(spec.to_json_dict(), f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        dir_fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return final
+
+    def remove(self, claim_uid: str) -> bool:
+        try:
+            self.path(claim_uid).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def claim_uids(self) -> set[str]:
+        """Claims that have a spec file here (ours only)."""
+        prefix = f"{vendor(self.driver)}-{CDI_CLASS}_"
+        if not self.root.is_dir():
+            return set()
+        return {p.name[len(prefix) : -len(".json")] for p in self.root.glob(f"{prefix}*.json")}

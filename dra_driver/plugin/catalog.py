@@ -1,0 +1,42 @@
+"""The devices this node publishes, by name, with what the plugin needs to prepare each of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
+from dra_driver.slices.devices import PublishMode, gpu_devices
+from dra_driver.slices.model import Device
+from dra_driver.slices.naming import MigRef, parse_device_name
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    device: Device  # as published in the ResourceSlice (what selectors see)
+    gpu: GpuInfo  # the whole GPU, or the parent of a MIG partition
+    profile: MigProfile | None  # set for MIG partitions
+    placement_start: int | None
+
+    @property
+    def memory_slices(self) -> set[int]:
+        """The memory slices this device occupies on its GPU (all of them for a whole GPU)."""
+        if self.profile is None or self.placement_start is None:
+            return set(range(8))
+        return set(range(self.placement_start, self.placement_start + self.profile.memory_slices))
+
+
+def build_catalog(inventory: Inventory, mode: PublishMode) -> dict[str, CatalogEntry]:
+    catalog: dict[str, CatalogEntry] = {}
+    for gpu in inventory.gpus:
+        for device in gpu_devices(inventory, gpu, mode).devices:
+            ref = parse_device_name(device.name)
+            if isinstance(ref, MigRef):
+                catalog[device.name] = CatalogEntry(device, gpu, gpu.profile(ref.profile_id), ref.placement_start)
+            else:
+                catalog[device.name] = CatalogEntry(device, gpu, None, None)
+    return catalog
+
+
+def conflicts(a: CatalogEntry, b: CatalogEntry) -> bool:
+    """Two devices of this node cannot be held at once: same GPU and overlapping memory slices."""
+    return a.gpu.uuid == b.gpu.uuid and bool(a.memory_slices & b.memory_slices)

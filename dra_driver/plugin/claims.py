@@ -1,0 +1,169 @@
+"""ResourceClaims and DeviceClasses as the plugin reads them from the API server.
+
+Only the fields the plugin uses are modelled, leniently (unknown fields ignored): the API server already
+validated these objects, and newer API versions add fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
+
+
+class _Api(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class OpaqueConfig(_Api):
+    driver: str
+    parameters: dict[str, Any]
+
+
+class AllocatedConfig(_Api):
+    source: str  # FromClass | FromClaim
+    requests: list[str] = []
+    opaque: OpaqueConfig | None = None
+
+
+class DeviceResult(_Api):
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool | None = Field(default=None, alias="adminAccess")
+    share_id: str | None = Field(default=None, alias="shareID")
+
+
+class DeviceAllocation(_Api):
+    results: list[DeviceResult] = []
+    config: list[AllocatedConfig] = []
+
+
+class Allocation(_Api):
+    devices: DeviceAllocation = DeviceAllocation()
+
+
+class CelSelector(_Api):
+    expression: str
+
+
+class Selector(_Api):
+    cel: CelSelector | None = None
+
+
+class SubRequest(_Api):
+    name: str
+    device_class_name: str = Field(alias="deviceClassName")
+    selectors: list[Selector] = []
+
+
+class ExactRequest(_Api):
+    device_class_name: str = Field(alias="deviceClassName")
+    selectors: list[Selector] = []
+
+
+class Request(_Api):
+    name: str
+    exactly: ExactRequest | None = None
+    first_available: list[SubRequest] = Field(default=[], alias="firstAvailable")
+
+
+class ClaimDevicesSpec(_Api):
+    requests: list[Request] = []
+
+
+class ClaimSpec(_Api):
+    devices: ClaimDevicesSpec = ClaimDevicesSpec()
+
+
+class ClaimStatus(_Api):
+    allocation: Allocation | None = None
+
+
+class Metadata(_Api):
+    name: str
+    namespace: str = ""
+    uid: str = ""
+
+
+class ResourceClaim(_Api):
+    metadata: Metadata
+    spec: ClaimSpec = ClaimSpec()
+    status: ClaimStatus = ClaimStatus()
+
+    def request_class_and_selectors(self, request_ref: str) -> tuple[str, list[str]]:
+        """The device class and claim CEL selectors behind a result's `request` (`req` or `req/sub`)."""
+        base, _, sub = request_ref.partition("/")
+        for r in self.spec.devices.requests:
+            if r.name != base:
+                continue
+            if sub:
+                for s in r.first_available:
+                    if s.name == sub:
+                        return s.device_class_name, [x.cel.expression for x in s.selectors if x.cel]
+            elif r.exactly is not None:
+                return r.exactly.device_class_name, [x.cel.expression for x in r.exactly.selectors if x.cel]
+        raise KeyError(f"claim {self.metadata.namespace}/{self.metadata.name} has no request {request_ref!r}")
+
+
+class DeviceClassSpec(_Api):
+    selectors: list[Selector] = []
+
+
+class DeviceClass(_Api):
+    metadata: Metadata
+    spec: DeviceClassSpec = DeviceClassSpec()
+
+    @property
+    def expressions(self) -> list[str]:
+        return [s.cel.expression for s in self.spec.selectors if s.cel]
+
+
+class ClaimSource(Protocol):
+    """Where the plugin reads claims and classes: the API server, or a stand-in in tests."""
+
+    def get_claim(self, namespace: str, name: str) -> ResourceClaim: ...
+
+    def get_device_class(self, name: str) -> DeviceClass: ...
+
+
+class StaticClaimSource:
+    """An in-memory stand-in for the API server (tests without a control plane)."""
+
+    def __init__(self, claims: list[dict[str, Any]] | None = None, classes: list[dict[str, Any]] | None = None):
+        self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims or []}
+        self.classes = {c["metadata"]["name"]: c for c in classes or []}
+
+    def get_claim(self, namespace: str, name: str) -> ResourceClaim:
+        try:
+            return ResourceClaim.model_validate(self.claims[(namespace, name)])
+        except KeyError:
+            raise LookupError(f"resourceclaims.resource.k8s.io {name!r} not found") from None
+
+    def get_device_class(self, name: str) -> DeviceClass:
+        try:
+            return DeviceClass.model_validate(self.classes[name])
+        except KeyError:
+            raise LookupError(f"deviceclasses.resource.k8s.io {name!r} not found") from None
+
+
+class KubeClaimSource:
+    """Reads through the official Kubernetes client (resource.k8s.io/v1)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._api = client.CustomObjectsApi(api_client)
+
+    def get_claim(self, namespace: str, name: str) -> ResourceClaim:
+        obj = self._api.get_namespaced_custom_object(
+            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name
+        )
+        return ResourceClaim.model_validate(obj)
+
+    def get_device_class(self, name: str) -> DeviceClass:
+        obj = self._api.get_cluster_custom_object(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name)
+        return DeviceClass.model_validate(obj)

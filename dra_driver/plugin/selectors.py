@@ -1,0 +1,37 @@
+"""Re-checking DeviceClass and claim CEL selectors against a device before preparing it.
+
+The scheduler evaluated them when it allocated; the node checks again because the device may have changed
+since (a new driver version, a different GPU after a repair) and because a plugin must never prepare a
+device that does not match what the user asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, compile_selector
+from dra_driver.slices.model import Device
+
+
+@dataclass(frozen=True)
+class SelectorCheck:
+    source: str  # "class gpu.example.com" or "claim request gpu"
+    index: int  # position in that source's selector list
+    expression: str
+
+
+def check_selectors(driver: str, device: Device, checks: list[SelectorCheck]) -> str | None:
+    """None when every selector matches, else why not (Kubernetes' wording for CEL errors)."""
+    if not checks:
+        return None
+    cel_device = CelDevice.from_slice_device(driver, device.to_api())
+    for check in checks:
+        where = f"{check.source}: selector #{check.index}"
+        try:
+            if not compile_selector(check.expression).matches(cel_device):
+                return f"no longer matches {where} ({check.expression})"
+        except CelCompileError as e:
+            return f"{where}: CEL compile error: {e}"
+        except CelRuntimeError as e:
+            return f"{where}: CEL runtime error: {e}"
+    return None

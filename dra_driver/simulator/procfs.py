@@ -1,0 +1,69 @@
+"""A fake `/proc` with what the NVIDIA kernel driver exposes for MIG: `/proc/devices` majors and the
+`driver/nvidia/capabilities` files whose `DeviceFileMinor` names the `/dev/nvidia-caps/nvidia-cap<N>` node of
+each GPU instance and compute instance. Regenerated from the simulator state on every change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dra_driver.simulator.state import MachineState
+
+NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 510, 511
+_ACCESS_MODE = 0o444  # the guide shows the access files world-readable
+
+
+def gi_cap_minor(gpu_minor: int, gi: int) -> int:
+    # /proc/driver/nvidia-caps/mig-minors: 15 GIs x (1 + 8 CIs) per GPU after `config` 1 and `monitor` 2.
+    return 3 + 135 * gpu_minor + 9 * gi
+
+
+def ci_cap_minor(gpu_minor: int, gi: int, ci: int) -> int:
+    return gi_cap_minor(gpu_minor, gi) + 1 + ci
+
+
+def _cap_text(minor: int, mode: int) -> str:
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
+
+
+def write_fake_procfs(root: Path, state: MachineState, minors: list[int]) -> None:
+    """Bring the tree in line with `state`, touching only the files that change (this runs on every MIG
+    change, under the state lock)."""
+    devices = root / "devices"
+    if not devices.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        devices.write_text(
+            f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{UVM_MAJOR} nvidia-uvm\n{CAPS_MAJOR} nvidia-caps\n"
+        )
+    # Skip the tree walk when the set of instances is what the tree already shows (MIG mode changes etc.).
+    signature = repr(
+        [
+            (m, [(gi.id, [ci.id for ci in gi.compute_instances]) for gi in g.gpu_instances])
+            for g, m in zip(state.gpus, minors, strict=True)
+        ]
+    )
+    marker = root / ".instances"
+    if marker.exists() and marker.read_text() == signature:
+        return
+    caps = root / "driver" / "nvidia" / "capabilities"
+    wanted: dict[Path, str] = {
+        caps / "mig" / "config": _cap_text(1, 0o400),
+        caps / "mig" / "monitor": _cap_text(2, _ACCESS_MODE),
+    }
+    for gpu, minor in zip(state.gpus, minors, strict=True):
+        for gi in gpu.gpu_instances:
+            gi_dir = caps / f"gpu{minor}" / "mig" / f"gi{gi.id}"
+            wanted[gi_dir / "access"] = _cap_text(gi_cap_minor(minor, gi.id), _ACCESS_MODE)
+            for ci in gi.compute_instances:
+                wanted[gi_dir / f"ci{ci.id}" / "access"] = _cap_text(ci_cap_minor(minor, gi.id, ci.id), _ACCESS_MODE)
+    existing = {p for p in caps.rglob("access")} | {p for p in (caps / "mig").glob("*")} if caps.exists() else set()
+    for path in existing - set(wanted):
+        path.unlink()
+        for parent in path.parents:  # drop the now-empty gi/ci directories
+            if parent == caps or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    for path, text in wanted.items():
+        if path not in existing:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    marker.write_text(signature)

@@ -1,0 +1,317 @@
+"""The plugin core: prepare/unprepare with MIG carving, CDI specs, checkpoint, recovery, concurrency."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from dra_driver.cdi.spec import spec_file_name
+from dra_driver.plugin import driver as driver_module
+from dra_driver.plugin.checkpoint import CheckpointCorruptError, ClaimState
+from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
+from tests.plugin_helpers import DRIVER, Node, claim, ref
+
+CONFIG_API = "gpu.resource.dra-driver.dev/v1alpha1"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def _spec(node: Node, uid: str) -> dict:
+    return json.loads((node.cdi_root / spec_file_name(DRIVER, uid)).read_text())
+
+
+def test_prepare_whole_gpu_writes_cdi_spec_and_is_idempotent(node: Node) -> None:
+    c = claim(["gpu-3"])
+    node.add(c)
+    d = node.driver()
+    uid = c["metadata"]["uid"]
+    (result,) = d.prepare([ref(c)]).values()
+    assert result.error == ""
+    (dev,) = result.devices
+    assert dev.device == "gpu-3" and dev.pool == "node-a" and dev.requests == ["r0"]
+    assert dev.cdi_device_ids == [f"k8s.{DRIVER}/claim={uid}-gpu-3"]
+    spec = _spec(node, uid)
+    assert spec["kind"] == f"k8s.{DRIVER}/claim"
+    assert spec["devices"][0]["name"] == f"{uid}-gpu-3"
+    paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert paths == ["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={d.inventory.gpu_by_minor(3).uuid}"]
+    assert d.checkpoint.claims[uid].state is ClaimState.PREPARE_COMPLETED
+    mtime = (node.cdi_root / spec_file_name(DRIVER, uid)).stat().st_mtime_ns
+    again = d.prepare([ref(c)])[uid]
+    assert again == result
+    assert (node.cdi_root / spec_file_name(DRIVER, uid)).stat().st_mtime_ns == mtime
+
+
+def test_mig_partition_is_carved_and_destroyed(node: Node) -> None:
+    c = claim(["gpu-2-mig-3g40gb-9-4"], device_class="mig")
+    node.add(c)
+    d = node.driver()
+    uid = c["metadata"]["uid"]
+    assert d.prepare([ref(c)])[uid].error == ""
+    assert node.mig_instances() == [(2, 9, 4)]
+    live = d.checkpoint.claims[uid].devices[0].mig
+    assert live is not None and live.uuid.startswith("MIG-")
+    spec = _spec(node, uid)
+    nodes = {n["path"]: n for n in spec["devices"][0]["containerEdits"]["deviceNodes"]}
+    gi_node = f"/dev/nvidia-caps/nvidia-cap{gi_cap_minor(2, live.gi_id)}"
+    ci_node = f"/dev/nvidia-caps/nvidia-cap{ci_cap_minor(2, live.gi_id, live.ci_id)}"
+    assert {"/dev/nvidia2", gi_node, ci_node} <= set(nodes)
+    assert nodes[gi_node]["type"] == "c" and nodes[gi_node]["major"] == 511
+    assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={live.uuid}"]
+    assert d.unprepare([ref(c)]) == {uid: ""}
+    assert node.mig_instances() == []
+    assert node.sim.store.read().gpus[2].mig_current == 0  # Hopper: MIG switched off again
+    assert node.cdi_files() == [] and uid not in d.checkpoint.claims
+
+
+def test_unknown_claim_unprepare_is_a_no_op_success(node: Node) -> None:
+    c = claim(["gpu-0"])
+    assert node.driver().unprepare([ref(c)]) == {c["metadata"]["uid"]: ""}
+
+
+def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
+    assert node.mig_instances() == [] and node.cdi_files() == [] and d.checkpoint.claims == {}
+
+
+@pytest.mark.parametrize(
+    ("devices", "kwargs", "message"),
+    [
+        (["gpu-9"], {}, "device gpu-9 is not a device of this node"),
+        (["gpu-0-mig-3g40gb-9-2"], {"device_class": "mig"}, "not a device of this node"),
+        (["gpu-0"], {"pool": "node-b"}, "allocated from pool node-b, not this node's"),
+        (["gpu-0", "gpu-0-mig-1g10gb-19-3"], {}, "overlap"),
+        (["gpu-0"], {"selectors": ["device.attributes['gpu.dra-driver.dev'].productName.startsWith('NVIDIA A100')"]},
+         "no longer matches claim request r0: selector #0"),
+        (["gpu-0"], {"device_class": "mig"}, "no longer matches class mig: selector #0"),
+        (["gpu-0"], {"selectors": ["device.attributes['gpu.dra-driver.dev'].nope == 1"]}, "no such key"),
+        (["gpu-0"], {"device_class": "missing"}, "device class missing"),
+        (["gpu-0"], {"config": [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}}}]},
+         "invalid GpuConfig: sharing.strategy"),
+        (["gpu-0"], {"config": [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": CONFIG_API, "kind": "GpuConfig", "extra": 1}}}]}, "extra: Extra inputs are not permitted"),
+        (["gpu-0-mig-1g10gb-19-0"], {"device_class": "mig", "config": [{"source": "FromClass", "requests": [],
+            "opaque": {"driver": DRIVER, "parameters": {"apiVersion": CONFIG_API, "kind": "GpuConfig"}}}]},
+         "a GpuConfig cannot configure a mig device"),
+        (["gpu-0"], {"config": [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "v9", "kind": "GpuConfig"}}}]}, "unsupported apiVersion 'v9'"),
+    ],
+)
+def test_bad_claims_get_a_clear_error_and_change_nothing(node: Node, devices, kwargs, message) -> None:
+    c = claim(devices, **kwargs)
+    node.add(c)
+    d = node.driver()
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert message in result.error and result.devices == []
+    _assert_nothing_changed(node, d)
+
+
+def test_claim_level_errors(node: Node) -> None:
+    d = node.driver()
+    ghost = claim(["gpu-0"])
+    assert "retrieve claim default/" in d.prepare([ref(ghost)])[ghost["metadata"]["uid"]].error
+    replaced = claim(["gpu-0"])
+    node.add(replaced)
+    stale = ref(replaced).model_copy(update={"uid": "old-uid"})
+    assert "got replaced" in d.prepare([stale])["old-uid"].error
+    unallocated = claim(["gpu-0"])
+    unallocated["status"] = {}
+    node.add(unallocated)
+    assert "not allocated" in d.prepare([ref(unallocated)])[unallocated["metadata"]["uid"]].error
+    _assert_nothing_changed(node, d)
+
+
+def test_api_server_down_is_a_per_claim_error(node: Node, monkeypatch) -> None:
+    c = claim(["gpu-0"])
+    node.add(c)
+    d = node.driver()
+
+    def down(namespace: str, name: str):  # type: ignore[no-untyped-def]
+        raise ConnectionRefusedError("connection refused")
+
+    monkeypatch.setattr(node.source, "get_claim", down)
+    assert "connection refused" in d.prepare([ref(c)])[c["metadata"]["uid"]].error
+    _assert_nothing_changed(node, d)
+
+
+def test_a_device_held_by_another_claim_is_refused(node: Node) -> None:
+    first, second = claim(["gpu-1-mig-3g40gb-9-0"], device_class="mig"), claim(["gpu-1-mig-4g40gb-5-0"],
+                                                                                 device_class="mig")
+    whole = claim(["gpu-1"])
+    node.add(first, second, whole)
+    d = node.driver()
+    assert d.prepare([ref(first)])[first["metadata"]["uid"]].error == ""
+    assert "which claim" in d.prepare([ref(second)])[second["metadata"]["uid"]].error
+    assert "which claim" in d.prepare([ref(whole)])[whole["metadata"]["uid"]].error
+    assert node.mig_instances() == [(1, 9, 0)]
+
+
+def test_a_partition_taken_outside_the_driver_is_reported(node: Node) -> None:
+    from tests.simhelpers import create_gi
+
+    d = node.driver()
+    dev = node.sim.nvmlDeviceGetHandleByIndex(4)
+    node.sim.nvmlDeviceSetMigMode(dev, 1)
+    create_gi(node.sim, dev, 19, 5, 1)  # someone else carves a 1g at slice 5
+    c = claim(["gpu-4-mig-2g20gb-14-4"], device_class="mig")
+    node.add(c)
+    err = d.prepare([ref(c)])[c["metadata"]["uid"]].error
+    assert "NVML_ERROR_INSUFFICIENT_RESOURCES" in err
+    assert node.mig_instances() == [(4, 19, 5)] and c["metadata"]["uid"] not in d.checkpoint.claims
+
+
+def test_recovery_after_a_crash_in_the_middle_of_prepare(node: Node, monkeypatch) -> None:
+    c = claim(["gpu-5-mig-1g10gb-19-6", "gpu-5-mig-2g20gb-14-0"], device_class="mig")
+    node.add(c)
+    d = node.driver()
+
+    class Killed(BaseException):  # like SIGKILL: no except-block runs
+        pass
+
+    def crash(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise Killed
+
+    monkeypatch.setattr(driver_module, "claim_spec", crash)
+    with pytest.raises(Killed):
+        d.prepare([ref(c)])
+    assert len(node.mig_instances()) == 2  # carved, then the process died
+    assert d.checkpoint.claims[c["metadata"]["uid"]].state is ClaimState.PREPARE_STARTED
+    monkeypatch.undo()
+    restarted = node.driver()  # a new process: recovery runs at start
+    _assert_nothing_changed(node, restarted)
+    assert node.sim.store.read().gpus[5].mig_current == 0
+    assert restarted.prepare([ref(c)])[c["metadata"]["uid"]].error == ""  # the kubelet's retry succeeds
+
+
+def test_recovery_destroys_instances_and_specs_nobody_owns(node: Node) -> None:
+    from tests.simhelpers import create_full_ci, create_gi
+
+    kept = claim(["gpu-6-mig-3g40gb-9-4"], device_class="mig")
+    node.add(kept)
+    node.driver().prepare([ref(kept)])
+    dev = node.sim.nvmlDeviceGetHandleByIndex(6)
+    create_full_ci(node.sim, create_gi(node.sim, dev, 14, 0, 2), 2)  # orphan: created, never recorded
+    create_gi(node.sim, dev, 19, 2, 1)  # orphan GPU instance without compute instance
+    (node.cdi_root / spec_file_name(DRIVER, "orphan-uid")).write_text("{}")
+    d = node.driver()
+    assert node.mig_instances() == [(6, 9, 4)]
+    assert node.cdi_files() == [spec_file_name(DRIVER, kept["metadata"]["uid"])]
+    assert d.checkpoint.claims[kept["metadata"]["uid"]].state is ClaimState.PREPARE_COMPLETED
+
+
+def test_corrupt_checkpoint_is_reported_and_left_alone(node: Node) -> None:
+    c = claim(["gpu-0"])
+    node.add(c)
+    node.driver().prepare([ref(c)])
+    path = node.plugin_dir / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    doc["data"]["claims"][c["metadata"]["uid"]]["name"] = "tampered"
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    with pytest.raises(CheckpointCorruptError, match="fails its checksum"):
+        node.driver()
+    path.write_text("{not json")
+    with pytest.raises(CheckpointCorruptError, match="not a valid checkpoint file"):
+        node.driver()
+    assert before != path.read_bytes()  # we wrote the second corruption ourselves; the driver wrote nothing
+    assert path.read_text() == "{not json"
+
+
+def test_checkpoint_decoding_is_lenient_about_new_fields(node: Node) -> None:
+    import hashlib
+
+    c = claim(["gpu-0"])
+    node.add(c)
+    node.driver().prepare([ref(c)])
+    path = node.plugin_dir / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    doc["data"]["futureField"] = {"x": 1}
+    doc["data"]["claims"][c["metadata"]["uid"]]["alsoNew"] = True
+    doc["checksum"] = hashlib.sha256(json.dumps(doc["data"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    path.write_text(json.dumps(doc))
+    assert c["metadata"]["uid"] in node.driver().checkpoint.claims
+
+
+def test_a_reboot_forgets_prepared_claims(node: Node) -> None:
+    c = claim(["gpu-0"])
+    node.add(c)
+    node.driver(boot_id="boot-1").prepare([ref(c)])
+    assert node.driver(boot_id="boot-2").checkpoint.claims == {}
+
+
+def test_class_then_claim_config_precedence(node: Node) -> None:
+    from dra_driver.plugin.claims import AllocatedConfig
+    from dra_driver.plugin.config import resolve
+
+    def cfg(source: str, interval: str, requests: list[str] | None = None) -> AllocatedConfig:
+        return AllocatedConfig.model_validate({"source": source, "requests": requests or [], "opaque": {
+            "driver": DRIVER, "parameters": {"apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": {
+                "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}})
+
+    configs = [cfg("FromClaim", "Long"), cfg("FromClass", "Short"), cfg("FromClaim", "Medium", ["other"])]
+    chosen = resolve(configs, DRIVER, "gpu", "gpu")
+    assert chosen is not None and chosen.sharing is not None and chosen.sharing.time_slicing_config is not None
+    assert chosen.sharing.time_slicing_config.interval == "Long"  # the claim's, applied after the class's
+    assert resolve(configs[1:2] + configs[2:], DRIVER, "other/sub", "gpu").sharing.time_slicing_config.interval == (
+        "Medium"
+    )
+
+
+def test_one_hundred_concurrent_prepares_leave_a_consistent_state(node: Node) -> None:
+    """Claims race for 1g/2g partitions and whole GPUs; whatever wins, the GPU state, the checkpoint and the
+    CDI specs must agree and no two prepared claims may overlap."""
+    d = node.driver()
+    candidates = [f"gpu-{g}-mig-1g10gb-19-{s}" for g in range(4) for s in range(7)]
+    candidates += [f"gpu-{g}-mig-2g20gb-14-{s}" for g in range(4) for s in (0, 2, 4)] + ["gpu-6", "gpu-7"]
+    claims = [claim([candidates[i % len(candidates)]], device_class="mig" if "mig" in candidates[i % len(candidates)]
+                    else "gpu") for i in range(100)]
+    node.add(*claims)
+    barrier = threading.Barrier(16)
+
+    def go(c):  # type: ignore[no-untyped-def]
+        try:
+            barrier.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass
+        return d.prepare([ref(c)])[c["metadata"]["uid"]]
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(go, claims))
+    ok = [c for c, r in zip(claims, results, strict=True) if not r.error]
+    assert ok and len(ok) < 100
+    assert all(r.error and ("overlap" in r.error or "held" in r.error or "which claim" in r.error)
+               for r in results if r.error)
+    held = [d.catalog[c["status"]["allocation"]["devices"]["results"][0]["device"]] for c in ok]
+    from dra_driver.plugin.catalog import conflicts
+
+    assert not any(conflicts(a, b) for i, a in enumerate(held) for b in held[i + 1:])
+    completed = {uid for uid, e in d.checkpoint.claims.items() if e.state is ClaimState.PREPARE_COMPLETED}
+    assert completed == {c["metadata"]["uid"] for c in ok} == set(d.checkpoint.claims)
+    assert node.cdi_files() == sorted(spec_file_name(DRIVER, uid) for uid in completed)
+    migs = sorted((int(h.device.name.split("-")[1]), h.profile.id, h.placement_start) for h in held if h.profile)
+    assert node.mig_instances() == migs
+    assert all(e == "" for e in d.unprepare([ref(c) for c in ok]).values())
+    assert node.mig_instances() == [] and node.cdi_files() == [] and d.checkpoint.claims == {}
+
+
+def test_ampere_partitions_on_a_mig_enabled_a100(tmp_path: Path) -> None:
+    node = Node(tmp_path, "mixed")
+    c = claim(["gpu-1-mig-3g40gb-9-4"], device_class="mig")  # minor 1 = NVML index 0, MIG already on
+    whole_ampere = claim(["gpu-0"])  # MIG off A100: whole GPU
+    not_published = claim(["gpu-1"])  # an A100 with MIG on is not offered whole
+    node.add(c, whole_ampere, not_published)
+    d = node.driver()
+    assert "not a device of this node" in d.prepare([ref(not_published)])[not_published["metadata"]["uid"]].error
+    assert d.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
+    assert node.mig_instances() == [(0, 9, 4)]
+    assert d.prepare([ref(whole_ampere)])[whole_ampere["metadata"]["uid"]].error == ""
+    d.unprepare([ref(c)])
+    assert node.sim.store.read().gpus[0].mig_current == 1  # Ampere: MIG stays on (switching needs a reset)
