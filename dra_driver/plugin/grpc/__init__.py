@@ -1,0 +1,11 @@
+"""Kubelet-facing gRPC layer of the DRA plugin: DRA node service (v1, v1beta1), registration, health, metrics.
+
+The protobuf message modules are generated from ``proto/`` on first use (see :mod:`.protos`).
+"""
+
+from __future__ import annotations
+
+from dra_driver.plugin.grpc.metrics import PluginMetrics
+from dra_driver.plugin.grpc.server import SUPPORTED_VERSIONS, PluginServer, RegistrationStatus
+
+__all__ = ["SUPPORTED_VERSIONS", "PluginMetrics", "PluginServer", "RegistrationStatus"]

@@ -1,0 +1,296 @@
+"""Servicers: the DRA node service (v1 and v1beta1) and plugin registration, translating gRPC <-> plugin types.
+
+This layer never does device work: it turns requests into :class:`~dra_driver.plugin.types.ClaimRef` lists, calls
+the :class:`~dra_driver.plugin.types.ClaimPreparer`, and turns its results into responses. Every claim of a request
+gets an entry in the response; exceptions and missing or malformed results become per-claim errors, never a failed
+RPC, so the kubelet retries just those claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from dra_driver.plugin.grpc import rpc
+from dra_driver.plugin.grpc.metrics import (
+    ERROR_CLAIM,
+    ERROR_INTERNAL,
+    ERROR_INVALID_RESULT,
+    ERROR_MISSING_RESULT,
+    ERROR_PREPARER_EXCEPTION,
+    ERROR_REGISTRATION_FAILED,
+    RESULT_CLAIM_ERROR,
+    RESULT_OK,
+    RESULT_RPC_ERROR,
+    PluginMetrics,
+)
+from dra_driver.plugin.types import ClaimPreparer, ClaimRef, PrepareResult
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"  # PluginInfo.type of a DRA driver
+DRA_SERVICE = "DRAPlugin"
+REGISTRATION_SERVICE = "Registration"
+
+
+def base_request_name(name: str) -> str:
+    """``req/sub`` -> ``req``, as resourceclaim.BaseRequestRef does; other names unchanged."""
+    return name.split("/", 1)[0]
+
+
+def _exception_text(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _instrument(metrics: PluginMetrics, method: str) -> Iterator[list[str]]:
+    """Count, time and track one RPC; the body appends its result label to the yielded list (default ok)."""
+    outcome: list[str] = []
+    in_flight = metrics.in_flight.labels(method=method)
+    in_flight.inc()
+    start = time.perf_counter()
+    try:
+        yield outcome
+    except BaseException:
+        outcome.append(RESULT_RPC_ERROR)
+        raise
+    finally:
+        in_flight.dec()
+        metrics.duration.labels(method=method).observe(time.perf_counter() - start)
+        metrics.requests.labels(method=method, result=outcome[-1] if outcome else RESULT_OK).inc()
+
+
+class DRAService:
+    """NodePrepareResources / NodeUnprepareResources for any DRA API version (they share their message shapes).
+
+    ``serialize`` (default, like the Go kubeletplugin helper) lets only one prepare or unprepare call run at a time.
+    """
+
+    def __init__(self, preparer: ClaimPreparer, metrics: PluginMetrics, serialize: bool = True) -> None:
+        self._preparer = preparer
+        self._metrics = metrics
+        self._lock: contextlib.AbstractContextManager[Any] = threading.Lock() if serialize else contextlib.nullcontext()
+
+    @staticmethod
+    def _claims(request: Any) -> list[ClaimRef]:
+        claims: list[ClaimRef] = []
+        seen: set[str] = set()
+        for claim in request.claims:
+            if claim.uid in seen:
+                continue
+            seen.add(claim.uid)
+            claims.append(ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid))
+        return claims
+
+    def prepare(self, pb: ModuleType, request: Any) -> tuple[Message, bool]:
+        """Handle NodePrepareResources with the messages of ``pb``; returns (response, all claims succeeded)."""
+        method = "NodePrepareResources"
+        response: Any = pb.NodePrepareResourcesResponse()
+        claims = self._claims(request)
+        if not claims:
+            return response, True
+        results: dict[str, PrepareResult] = {}
+        failure = ""
+        try:
+            with self._lock:
+                results = self._preparer.prepare(claims)
+        except Exception as exc:
+            log.exception("preparing claims %s failed", [c.uid for c in claims])
+            failure = f"prepare failed: {_exception_text(exc)}"
+            self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
+        has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
+        all_ok = True
+        for claim in claims:
+            entry = response.claims[claim.uid]  # creates the entry
+            if failure:
+                entry.error = failure
+                all_ok = False
+                continue
+            result = results.get(claim.uid) if isinstance(results, dict) else None
+            if result is None:
+                entry.error = f"internal error: the driver returned no result for claim {claim.namespace}/{claim.name}"
+                self._metrics.error(method, ERROR_MISSING_RESULT)
+                all_ok = False
+                continue
+            try:
+                if result.error:
+                    entry.error = result.error
+                    self._metrics.error(method, ERROR_CLAIM)
+                    all_ok = False
+                    continue
+                for device in result.devices:
+                    pb_device = entry.devices.add(
+                        request_names=[base_request_name(r) for r in device.requests],
+                        pool_name=device.pool,
+                        device_name=device.device,
+                        cdi_device_ids=list(device.cdi_device_ids),
+                    )
+                    if device.share_id is not None:
+                        if has_share_id:
+                            pb_device.share_id = device.share_id
+                        else:
+                            log.debug("share ID %s of %s dropped: not in this API version", device.share_id, claim)
+            except Exception as exc:
+                log.exception("translating the prepare result of claim %s failed", claim.uid)
+                entry.Clear()
+                entry.error = f"internal error: invalid prepare result: {_exception_text(exc)}"
+                self._metrics.error(method, ERROR_INVALID_RESULT)
+                all_ok = False
+                continue
+            self._metrics.claim_prepared(claim.uid, len(entry.devices))
+        return response, all_ok
+
+    def unprepare(self, pb: ModuleType, request: Any) -> tuple[Message, bool]:
+        """Handle NodeUnprepareResources with the messages of ``pb``; returns (response, all claims succeeded)."""
+        method = "NodeUnprepareResources"
+        response: Any = pb.NodeUnprepareResourcesResponse()
+        claims = self._claims(request)
+        if not claims:
+            return response, True
+        results: dict[str, str] = {}
+        failure = ""
+        try:
+            with self._lock:
+                results = self._preparer.unprepare(claims)
+        except Exception as exc:
+            log.exception("unpreparing claims %s failed", [c.uid for c in claims])
+            failure = f"unprepare failed: {_exception_text(exc)}"
+            self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
+        all_ok = True
+        for claim in claims:
+            entry = response.claims[claim.uid]
+            if failure:
+                entry.error = failure
+                all_ok = False
+                continue
+            if not isinstance(results, dict) or claim.uid not in results:
+                entry.error = f"internal error: the driver returned no result for claim {claim.namespace}/{claim.name}"
+                self._metrics.error(method, ERROR_MISSING_RESULT)
+                all_ok = False
+                continue
+            error = results[claim.uid]
+            if error:
+                entry.error = str(error)
+                self._metrics.error(method, ERROR_CLAIM)
+                all_ok = False
+                continue
+            self._metrics.claim_unprepared(claim.uid)
+        return response, all_ok
+
+    def handler(self, pb: ModuleType) -> grpc.GenericRpcHandler:
+        """The generic handler serving ``pb``'s DRAPlugin service (one per API version)."""
+        return rpc.unary_handler(
+            rpc.service_descriptor(pb, DRA_SERVICE),
+            {
+                "NodePrepareResources": self._behavior("NodePrepareResources", pb, self.prepare),
+                "NodeUnprepareResources": self._behavior("NodeUnprepareResources", pb, self.unprepare),
+            },
+        )
+
+    def _behavior(
+        self, method: str, pb: ModuleType, handle: Callable[[ModuleType, Any], tuple[Message, bool]]
+    ) -> rpc.UnaryBehavior:
+        def behavior(request: Any, context: grpc.ServicerContext) -> Message:
+            with _instrument(self._metrics, method) as outcome:
+                try:
+                    response, ok = handle(pb, request)
+                except Exception as exc:  # a bug in this layer: still answer with a status, not a crash
+                    log.exception("%s failed", method)
+                    self._metrics.error(method, ERROR_INTERNAL)
+                    context.abort(grpc.StatusCode.INTERNAL, f"{method}: {_exception_text(exc)}")
+                outcome.append(RESULT_OK if ok else RESULT_CLAIM_ERROR)
+                return response
+
+        return behavior
+
+
+@dataclass(frozen=True)
+class RegistrationStatus:
+    """What the kubelet reported with NotifyRegistrationStatus."""
+
+    plugin_registered: bool
+    error: str
+    received_at: float  # time.time()
+
+
+class RegistrationService:
+    """GetInfo / NotifyRegistrationStatus, as the Go kubeletplugin registrar answers them."""
+
+    def __init__(
+        self,
+        pb: ModuleType,
+        driver_name: str,
+        endpoint: str,
+        supported_versions: list[str],
+        metrics: PluginMetrics,
+        on_status: Callable[[RegistrationStatus], None] | None = None,
+    ) -> None:
+        self._pb = pb
+        self._driver_name = driver_name
+        self._endpoint = endpoint
+        self._supported_versions = list(supported_versions)
+        self._metrics = metrics
+        self._on_status = on_status
+        self._cond = threading.Condition()
+        self._status: RegistrationStatus | None = None
+
+    @property
+    def status(self) -> RegistrationStatus | None:
+        """The last status the kubelet reported, if any."""
+        with self._cond:
+            return self._status
+
+    def wait_registered(self, timeout: float | None = None) -> bool:
+        """Wait until the kubelet reports a successful registration; False on timeout or a failed one."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._status is not None, timeout)
+            return self._status is not None and self._status.plugin_registered
+
+    def get_info(self, request: Any, context: grpc.ServicerContext) -> Message:
+        with _instrument(self._metrics, "GetInfo"):
+            info: Message = self._pb.PluginInfo(
+                type=PLUGIN_TYPE,
+                name=self._driver_name,
+                endpoint=self._endpoint,
+                supported_versions=self._supported_versions,
+            )
+            return info
+
+    def notify_registration_status(self, request: Any, context: grpc.ServicerContext) -> Message:
+        method = "NotifyRegistrationStatus"
+        with _instrument(self._metrics, method):
+            status = RegistrationStatus(
+                plugin_registered=bool(request.plugin_registered), error=str(request.error), received_at=time.time()
+            )
+            with self._cond:
+                self._status = status
+                self._cond.notify_all()
+            if self._on_status is not None:
+                try:
+                    self._on_status(status)
+                except Exception:
+                    log.exception("registration status callback failed")
+            if not status.plugin_registered:
+                log.error("kubelet rejected the registration of %s: %s", self._driver_name, status.error)
+                self._metrics.error(method, ERROR_REGISTRATION_FAILED)
+                # like the Go helper, which returns an error (code Unknown) for a failed registration
+                context.abort(grpc.StatusCode.UNKNOWN, f"failed registration process: {status.error}")
+            log.info("registered %s with the kubelet", self._driver_name)
+            response: Message = self._pb.RegistrationStatusResponse()
+            return response
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return rpc.unary_handler(
+            rpc.service_descriptor(self._pb, REGISTRATION_SERVICE),
+            {"GetInfo": self.get_info, "NotifyRegistrationStatus": self.notify_registration_status},
+        )

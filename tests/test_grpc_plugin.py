@@ -1,0 +1,371 @@
+"""The kubelet-facing gRPC layer over real Unix sockets, driven by the kubelet harness and a fake ClaimPreparer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dra_driver.plugin.grpc import PluginServer, health, protos
+from dra_driver.plugin.grpc.server import SUPPORTED_VERSIONS
+from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
+from tests.kubelet_harness import KubeletHarness, RegistrationError
+
+DRIVER = "gpu.nvidia.com"
+
+
+class FakePreparer:
+    """Returns canned results; records the claims it was given."""
+
+    def __init__(self) -> None:
+        self.prepare_results: dict[str, PrepareResult] = {}
+        self.unprepare_results: dict[str, str] = {}
+        self.prepare_error: Exception | None = None
+        self.unprepare_error: Exception | None = None
+        self.prepared: list[list[ClaimRef]] = []
+        self.unprepared: list[list[ClaimRef]] = []
+
+    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        self.prepared.append(list(claims))
+        if self.prepare_error is not None:
+            raise self.prepare_error
+        return {c.uid: self.prepare_results[c.uid] for c in claims if c.uid in self.prepare_results}
+
+    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+        self.unprepared.append(list(claims))
+        if self.unprepare_error is not None:
+            raise self.unprepare_error
+        return {c.uid: self.unprepare_results.get(c.uid, "") for c in claims}
+
+
+def claim(n: int) -> ClaimRef:
+    return ClaimRef(namespace="ns", name=f"claim-{n}", uid=f"uid-{n}")
+
+
+def gpu(n: int, requests: list[str] | None = None, share_id: str | None = None) -> PreparedDevice:
+    return PreparedDevice(
+        requests=requests if requests is not None else ["gpu"],
+        pool="node-a",
+        device=f"gpu-{n}",
+        cdi_device_ids=[f"k8s.{DRIVER}/gpu=gpu-{n}"],
+        share_id=share_id,
+    )
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: pytest's tmp_path can exceed the 107-byte AF_UNIX limit."""
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def preparer() -> FakePreparer:
+    return FakePreparer()
+
+
+@pytest.fixture
+def server(preparer: FakePreparer, short_dir: Path, registry: CollectorRegistry) -> Iterator[PluginServer]:
+    srv = PluginServer(
+        preparer, DRIVER, short_dir / "plugins" / DRIVER, short_dir / "plugins_registry", metrics_registry=registry
+    )
+    srv.start()
+    yield srv
+    srv.stop(grace=0)
+
+
+@pytest.fixture
+def kubelet(server: PluginServer, short_dir: Path) -> Iterator[KubeletHarness]:
+    with KubeletHarness(short_dir / "plugins_registry", DRIVER) as harness:
+        harness.register()
+        yield harness
+
+
+def test_registration_handshake(server: PluginServer, short_dir: Path) -> None:
+    assert server.registration_status is None
+    with KubeletHarness(short_dir / "plugins_registry") as harness:
+        sock = harness.find_registration_socket()
+        assert sock == short_dir / "plugins_registry" / f"{DRIVER}-reg.sock" == server.registration_socket_path
+        info = harness.register()
+    assert info.type == "DRAPlugin"
+    assert info.name == DRIVER
+    assert info.endpoint == str(short_dir / "plugins" / DRIVER / "dra.sock") == str(server.dra_socket_path)
+    assert info.supported_versions == ["v1.DRAPlugin", "v1beta1.DRAPlugin"] == list(SUPPORTED_VERSIONS)
+    assert server.wait_registered(timeout=1)
+    status = server.registration_status
+    assert status is not None and status.plugin_registered and status.error == ""
+
+
+def test_failed_registration_is_recorded_and_answered_with_an_error(server: PluginServer, short_dir: Path) -> None:
+    harness = KubeletHarness(short_dir / "plugins_registry", DRIVER)
+    with pytest.raises(grpc.RpcError) as err:
+        harness.notify_registration_status(False, "version mismatch")
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
+    assert "version mismatch" in (err.value.details() or "")
+    status = server.registration_status
+    assert status is not None and not status.plugin_registered and status.error == "version mismatch"
+    assert not server.wait_registered(timeout=0.1)
+
+
+def test_harness_rejects_a_missing_endpoint_and_tells_the_plugin(server: PluginServer, short_dir: Path) -> None:
+    server.dra_socket_path.unlink()
+    with pytest.raises(RegistrationError, match="does not exist"):
+        KubeletHarness(short_dir / "plugins_registry", DRIVER).register()
+    status = server.registration_status
+    assert status is not None and not status.plugin_registered and "does not exist" in status.error
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_prepare_and_unprepare(version: str, kubelet: KubeletHarness, preparer: FakePreparer) -> None:
+    preparer.prepare_results = {
+        "uid-1": PrepareResult(devices=[gpu(0), gpu(1, requests=[])]),
+        "uid-2": PrepareResult(devices=[gpu(2, share_id="share-7")]),
+    }
+    got = kubelet.prepare([claim(1), claim(2)], version=version)
+    assert preparer.prepared == [[claim(1), claim(2)]]
+    assert got["uid-1"] == PrepareResult(devices=[gpu(0), gpu(1, requests=[])])
+    # v1beta1 has no share_id field; v1 carries it with presence
+    assert got["uid-2"] == PrepareResult(devices=[gpu(2, share_id="share-7" if version == "v1" else None)])
+    raw = kubelet.prepare_raw([claim(1)], version=version)
+    assert raw.DESCRIPTOR.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.NodePrepareResourcesResponse"
+    if version == "v1":
+        assert not raw.claims["uid-1"].devices[0].HasField("share_id")
+
+    assert kubelet.unprepare([claim(1), claim(2)], version=version) == {"uid-1": "", "uid-2": ""}
+    assert preparer.unprepared == [[claim(1), claim(2)]]
+
+
+def test_kubelet_prefers_v1(kubelet: KubeletHarness, preparer: FakePreparer) -> None:
+    preparer.prepare_results = {"uid-1": PrepareResult(devices=[gpu(0)])}
+    raw = kubelet.prepare_raw([claim(1)])
+    assert raw.DESCRIPTOR.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesResponse"
+
+
+def test_per_claim_errors(kubelet: KubeletHarness, preparer: FakePreparer) -> None:
+    preparer.prepare_results = {
+        "uid-1": PrepareResult(devices=[gpu(0)]),
+        "uid-2": PrepareResult(devices=[gpu(1)], error="GPU-1 is busy"),
+        # uid-3: no result at all
+    }
+    got = kubelet.prepare([claim(1), claim(2), claim(3)])
+    assert set(got) == {"uid-1", "uid-2", "uid-3"}
+    assert got["uid-1"] == PrepareResult(devices=[gpu(0)])
+    assert got["uid-2"] == PrepareResult(error="GPU-1 is busy")  # devices of a failed claim are not sent
+    assert "no result" in got["uid-3"].error and "ns/claim-3" in got["uid-3"].error
+
+    preparer.unprepare_results = {"uid-2": "still in use"}
+    assert kubelet.unprepare([claim(1), claim(2)]) == {"uid-1": "", "uid-2": "still in use"}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_preparer_exceptions_become_claim_errors(version: str, kubelet: KubeletHarness, preparer: FakePreparer) -> None:
+    preparer.prepare_error = RuntimeError("NVML went away")
+    got = kubelet.prepare([claim(1), claim(2)], version=version)
+    assert set(got) == {"uid-1", "uid-2"}
+    for result in got.values():
+        assert result.devices == [] and "RuntimeError: NVML went away" in result.error
+
+    preparer.unprepare_error = OSError("disk full")
+    errors = kubelet.unprepare([claim(1), claim(2)], version=version)
+    assert set(errors) == {"uid-1", "uid-2"}
+    assert all("OSError: disk full" in e for e in errors.values())
+
+
+def test_subrequest_names_are_stripped(kubelet: KubeletHarness, preparer: FakePreparer) -> None:
+    preparer.prepare_results = {"uid-1": PrepareResult(devices=[gpu(0, requests=["gpu/mig-1g", "other", "x/y/z"])])}
+    for version in ("v1", "v1beta1"):
+        got = kubelet.prepare([claim(1)], version=version)
+        assert got["uid-1"].devices[0].requests == ["gpu", "other", "x"]
+
+
+def test_empty_and_duplicate_claims(kubelet: KubeletHarness, preparer: FakePreparer) -> None:
+    assert kubelet.prepare([]) == {}
+    assert kubelet.unprepare([]) == {}
+    assert preparer.prepared == [] and preparer.unprepared == []
+    preparer.prepare_results = {"uid-1": PrepareResult(devices=[gpu(0)])}
+    assert set(kubelet.prepare([claim(1), claim(1)])) == {"uid-1"}
+    assert preparer.prepared == [[claim(1)]]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o660])
+def test_socket_files_modes_dirs_and_removal(mode: int, preparer: FakePreparer, short_dir: Path) -> None:
+    plugin_dir = short_dir / "a" / "b" / DRIVER
+    registry_dir = short_dir / "c" / "registry"
+    srv = PluginServer(preparer, DRIVER, plugin_dir, registry_dir, CollectorRegistry(), socket_mode=mode)
+    assert srv.dra_socket_path == plugin_dir / "dra.sock"
+    assert srv.registration_socket_path == registry_dir / f"{DRIVER}-reg.sock"
+    old_umask = os.umask(0o022)
+    try:
+        srv.start()
+    finally:
+        os.umask(old_umask)
+    try:
+        for path in (srv.dra_socket_path, srv.registration_socket_path):
+            st = path.lstat()
+            assert stat.S_ISSOCK(st.st_mode)
+            assert stat.S_IMODE(st.st_mode) == mode, f"{path}: {oct(st.st_mode)}"
+        assert os.umask(0o022) == 0o022  # the umask was restored
+    finally:
+        srv.stop(grace=0)
+    assert not srv.dra_socket_path.exists()
+    assert not srv.registration_socket_path.exists()
+    srv.stop()  # idempotent
+
+
+def test_stale_socket_is_replaced_and_other_files_are_not(preparer: FakePreparer, short_dir: Path) -> None:
+    plugin_dir = short_dir / "plugin"
+    plugin_dir.mkdir()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(plugin_dir / "dra.sock"))
+    stale.close()
+    srv = PluginServer(preparer, DRIVER, plugin_dir, short_dir / "reg", CollectorRegistry())
+    srv.start()
+    try:
+        with KubeletHarness(short_dir / "reg", DRIVER) as harness:
+            harness.register()
+            assert harness.unprepare([claim(1)]) == {"uid-1": ""}
+    finally:
+        srv.stop(grace=0)
+
+    (plugin_dir / "dra.sock").write_text("not a socket")
+    with pytest.raises(FileExistsError):
+        PluginServer(preparer, DRIVER, plugin_dir, short_dir / "reg", CollectorRegistry()).start()
+    assert not (short_dir / "reg" / f"{DRIVER}-reg.sock").exists()
+
+
+def test_dra_server_starts_before_the_registrar(
+    preparer: FakePreparer, short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = PluginServer(preparer, DRIVER, short_dir / "p", short_dir / "r", CollectorRegistry())
+    order: list[tuple[str, bool]] = []
+    real_serve = srv._serve
+
+    def recording_serve(path: Path, handlers: list[grpc.GenericRpcHandler], name: str) -> grpc.Server:
+        order.append((name, srv.dra_socket_path.exists()))
+        return real_serve(path, handlers, name)
+
+    monkeypatch.setattr(srv, "_serve", recording_serve)
+    with srv:
+        pass
+    assert order == [("dra", False), ("registration", True)]
+
+
+def test_too_long_socket_path_is_rejected(preparer: FakePreparer) -> None:
+    with pytest.raises(ValueError, match="AF_UNIX"):
+        PluginServer(preparer, DRIVER, "/tmp/" + "x" * 120, "/tmp/reg", CollectorRegistry())
+
+
+def test_health_service(server: PluginServer) -> None:
+    for path in (server.dra_socket_path, server.registration_socket_path):
+        with grpc.insecure_channel(f"unix:{path}") as channel:
+            assert health.check(channel) == health.SERVING
+            assert health.check(channel, "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin") == health.SERVING
+            assert health.check(channel, "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin") == health.SERVING
+            assert health.check(channel, "pluginregistration.Registration") == health.SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                health.check(channel, "no.such.Service")
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_watch_streams_changes(server: PluginServer) -> None:
+    pb = protos.load().health
+    with grpc.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
+        watch = channel.unary_stream(
+            "/grpc.health.v1.Health/Watch",
+            request_serializer=pb.HealthCheckRequest.SerializeToString,
+            response_deserializer=pb.HealthCheckResponse.FromString,
+        )
+        stream = watch(pb.HealthCheckRequest(service=""), timeout=10)
+        assert next(stream).status == health.SERVING
+        threading.Timer(0.1, server.health.set, args=("", health.NOT_SERVING)).start()
+        assert next(stream).status == health.NOT_SERVING
+        stream.cancel()
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_metrics(kubelet: KubeletHarness, preparer: FakePreparer, registry: CollectorRegistry) -> None:
+    preparer.prepare_results = {
+        "uid-1": PrepareResult(devices=[gpu(0), gpu(1)]),
+        "uid-2": PrepareResult(devices=[gpu(2)]),
+        "uid-3": PrepareResult(error="busy"),
+    }
+    kubelet.prepare([claim(1), claim(2)])  # ok: 3 devices
+    kubelet.prepare([claim(1)], version="v1beta1")  # repeated: still 3 devices
+    kubelet.prepare([claim(3), claim(4)])  # claim error + missing result
+    preparer.prepare_error = RuntimeError("boom")
+    kubelet.prepare([claim(5)])
+    kubelet.unprepare([claim(2)])  # uid-1 and its 2 devices left
+
+    s = _samples(registry)
+    prep, unprep = (("method", "NodePrepareResources"),), (("method", "NodeUnprepareResources"),)
+
+    def req(method: tuple[tuple[str, str], ...], result: str) -> float:
+        return s.get(("dra_driver_grpc_requests_total", (*method, ("result", result))), 0.0)
+
+    def err(method: tuple[tuple[str, str], ...], kind: str) -> float:
+        return s.get(("dra_driver_grpc_errors_total", (*method, ("type", kind))), 0.0)
+
+    assert req(prep, "ok") == 2
+    assert req(prep, "claim_error") == 2
+    assert req(unprep, "ok") == 1
+    assert s[("dra_driver_grpc_requests_total", (("method", "GetInfo"), ("result", "ok")))] == 1
+    assert s[("dra_driver_grpc_requests_total", (("method", "NotifyRegistrationStatus"), ("result", "ok")))] == 1
+    assert err(prep, "claim_error") == 1
+    assert err(prep, "missing_result") == 1
+    assert err(prep, "preparer_exception") == 1
+    assert s[("dra_driver_grpc_request_duration_seconds_count", prep)] == 4
+    assert s[("dra_driver_grpc_request_duration_seconds_count", unprep)] == 1
+    assert s[("dra_driver_grpc_requests_in_flight", prep)] == 0
+    assert s[("dra_driver_prepared_devices", ())] == 2
+
+
+def test_failed_registration_metrics(server: PluginServer, short_dir: Path, registry: CollectorRegistry) -> None:
+    with pytest.raises(grpc.RpcError):
+        KubeletHarness(short_dir / "plugins_registry", DRIVER).notify_registration_status(False, "no")
+    s = _samples(registry)
+    method = ("method", "NotifyRegistrationStatus")
+    assert s[("dra_driver_grpc_requests_total", (method, ("result", "rpc_error")))] == 1
+    assert s[("dra_driver_grpc_errors_total", (method, ("type", "registration_failed")))] == 1
+
+
+def test_stubs_are_generated_once_into_a_content_keyed_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_DRIVER_PROTO_CACHE", str(tmp_path / "cache"))
+    first = protos.generate()
+    assert first.parent == tmp_path / "cache"
+    assert first.name == protos.cache_key(protos.proto_dir())
+    generated = first / "dra" / "v1" / "api_pb2.py"
+    assert generated.is_file()
+    mtime = generated.stat().st_mtime_ns
+    assert protos.generate() == first
+    assert generated.stat().st_mtime_ns == mtime  # reused, not regenerated
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no temporary directories left
+
+    changed = tmp_path / "proto"
+    shutil.copytree(protos.proto_dir(), changed)
+    with (changed / protos.DRA_V1_PROTO).open("a") as f:
+        f.write("\n// changed\n")
+    assert protos.generate(changed) != first
