@@ -114,6 +114,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plugin(args: argparse.Namespace) -> int:
+    from dra_driver.daemon import DaemonOptions, run
+    from dra_driver.plugin.driver import PluginSettings
+
+    settings = PluginSettings(
+        driver=args.driver,
+        pool=args.node_name,
+        plugin_dir=args.plugin_dir or Path("/var/lib/kubelet/plugins") / args.driver,
+        cdi_root=args.cdi_root,
+        mode=PublishMode(args.mode),
+    )
+    options = DaemonOptions(settings, args.registry_dir, args.kubeconfig, args.metrics_port)
+    run(options, open_source(args.sim, args.sim_state, args.sysfs_root))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dra-driver", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -131,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
     _add_slice_args(demo)
     demo.set_defaults(func=cmd_demo)
+
+    plugin = sub.add_parser("plugin", help="run the kubelet plugin of this node until SIGTERM")
+    _add_nvml_args(plugin)
+    _add_slice_args(plugin)
+    plugin.add_argument("--kubeconfig", type=Path, help="default: in-cluster service account")
+    plugin.add_argument("--plugin-dir", type=Path, help="default /var/lib/kubelet/plugins/<driver>")
+    plugin.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
+    plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
+    plugin.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    plugin.set_defaults(func=cmd_plugin)
 
     sim = sub.add_parser("sim", help="simulated machines")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)

@@ -16,13 +16,19 @@ DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"
 GPU_CLASS = {
     "metadata": {"name": "gpu"},
-    "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && "
-                                                   f"device.attributes['{DRIVER}'].type == 'gpu'"}}]},
+    "spec": {
+        "selectors": [
+            {"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"}}
+        ]
+    },
 }
 MIG_CLASS = {
     "metadata": {"name": "mig"},
-    "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && "
-                                                   f"device.attributes['{DRIVER}'].type == 'mig'"}}]},
+    "spec": {
+        "selectors": [
+            {"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'"}}
+        ]
+    },
 }
 
 
@@ -39,8 +45,13 @@ def claim(
     """A claim with one request per device, allocated to exactly those devices."""
     name = name or f"claim-{uuidlib.uuid4().hex[:8]}"
     requests = [
-        {"name": f"r{i}", "exactly": {"deviceClassName": device_class,
-                                      "selectors": [{"cel": {"expression": e}} for e in selectors or []]}}
+        {
+            "name": f"r{i}",
+            "exactly": {
+                "deviceClassName": device_class,
+                "selectors": [{"cel": {"expression": e}} for e in selectors or []],
+            },
+        }
         for i in range(len(devices))
     ]
     results = [{"request": f"r{i}", "driver": driver, "pool": pool, "device": d} for i, d in enumerate(devices)]
@@ -74,8 +85,14 @@ class Node:
 
     def driver(self, boot_id: str = "boot-1") -> Driver:
         settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=self.plugin_dir, cdi_root=self.cdi_root)
-        return Driver(settings, self.sim, self.source, sysfs_root=self.sim.sysfs_root, proc_root=self.sim.proc_root,
-                      boot_id=boot_id)
+        return Driver(
+            settings,
+            self.sim,
+            self.source,
+            sysfs_root=self.sim.sysfs_root,
+            proc_root=self.sim.proc_root,
+            boot_id=boot_id,
+        )
 
     def mig_instances(self) -> list[tuple[int, int, int]]:
         """(gpu index, profile id, placement start) of every GPU instance that exists now."""

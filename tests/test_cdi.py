@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def cdivalidate() -> Path:
-    out = subprocess.run([str(ROOT / "scripts" / "build-cdi-validator.sh")], capture_output=True, text=True,
-                         timeout=900, check=True)
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "build-cdi-validator.sh")], capture_output=True, text=True, timeout=900, check=True
+    )
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -29,8 +30,11 @@ def _validate(tool: Path, *paths: Path) -> subprocess.CompletedProcess[str]:
 
 def test_specs_of_whole_gpus_and_mig_devices_pass_the_official_validator(tmp_path: Path, cdivalidate: Path) -> None:
     node = Node(tmp_path)
-    claims = [claim(["gpu-0", "gpu-1"]), claim(["gpu-2-mig-1g10gb-19-6", "gpu-2-mig-3g40gb-9-0"], device_class="mig"),
-              claim(["gpu-3-mig-1g10gb-me-20-2"], device_class="mig")]
+    claims = [
+        claim(["gpu-0", "gpu-1"]),
+        claim(["gpu-2-mig-1g10gb-19-6", "gpu-2-mig-3g40gb-9-0"], device_class="mig"),
+        claim(["gpu-3-mig-1g10gb-me-20-2"], device_class="mig"),
+    ]
     node.add(*claims)
     d = node.driver()
     results = d.prepare([ref(c) for c in claims])
@@ -84,8 +88,9 @@ def test_store_writes_atomically_and_lists_only_its_own_specs(tmp_path: Path) ->
 
 
 def test_device_node_facts_come_from_proc(tmp_path: Path) -> None:
-    (tmp_path / "devices").write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-caps\n\n"
-                                      "Block devices:\n  8 sd\n")
+    (tmp_path / "devices").write_text(
+        "Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-caps\n\nBlock devices:\n  8 sd\n"
+    )
     assert char_majors(tmp_path) == {"mem": 1, "nvidia-frontend": 195, "nvidia-caps": 508}
     with pytest.raises(DevNodeError, match="cannot read MIG capability"):
         mig_cap_nodes(tmp_path, 0, 1, 0)
@@ -95,4 +100,6 @@ def test_device_node_facts_come_from_proc(tmp_path: Path) -> None:
     (gi / "ci3" / "access").write_text("DeviceFileMinor: 439\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
     nodes = mig_cap_nodes(tmp_path, 3, 3, 3)
     assert [(n.path, n.major, n.minor, n.file_mode) for n in nodes] == [
-        ("/dev/nvidia-caps/nvidia-cap435", 508, 435, 292), ("/dev/nvidia-caps/nvidia-cap439", 508, 439, 292)]
+        ("/dev/nvidia-caps/nvidia-cap435", 508, 435, 292),
+        ("/dev/nvidia-caps/nvidia-cap439", 508, 439, 292),
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -88,21 +89,77 @@ def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
         (["gpu-0-mig-3g40gb-9-2"], {"device_class": "mig"}, "not a device of this node"),
         (["gpu-0"], {"pool": "node-b"}, "allocated from pool node-b, not this node's"),
         (["gpu-0", "gpu-0-mig-1g10gb-19-3"], {}, "overlap"),
-        (["gpu-0"], {"selectors": ["device.attributes['gpu.dra-driver.dev'].productName.startsWith('NVIDIA A100')"]},
-         "no longer matches claim request r0: selector #0"),
+        (
+            ["gpu-0"],
+            {"selectors": ["device.attributes['gpu.dra-driver.dev'].productName.startsWith('NVIDIA A100')"]},
+            "no longer matches claim request r0: selector #0",
+        ),
         (["gpu-0"], {"device_class": "mig"}, "no longer matches class mig: selector #0"),
         (["gpu-0"], {"selectors": ["device.attributes['gpu.dra-driver.dev'].nope == 1"]}, "no such key"),
         (["gpu-0"], {"device_class": "missing"}, "device class missing"),
-        (["gpu-0"], {"config": [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}}}]},
-         "invalid GpuConfig: sharing.strategy"),
-        (["gpu-0"], {"config": [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": CONFIG_API, "kind": "GpuConfig", "extra": 1}}}]}, "extra: Extra inputs are not permitted"),
-        (["gpu-0-mig-1g10gb-19-0"], {"device_class": "mig", "config": [{"source": "FromClass", "requests": [],
-            "opaque": {"driver": DRIVER, "parameters": {"apiVersion": CONFIG_API, "kind": "GpuConfig"}}}]},
-         "a GpuConfig cannot configure a mig device"),
-        (["gpu-0"], {"config": [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "v9", "kind": "GpuConfig"}}}]}, "unsupported apiVersion 'v9'"),
+        (
+            ["gpu-0"],
+            {
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": [],
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": CONFIG_API,
+                                "kind": "GpuConfig",
+                                "sharing": {"strategy": "Sometimes"},
+                            },
+                        },
+                    }
+                ]
+            },
+            "invalid GpuConfig: sharing.strategy",
+        ),
+        (
+            ["gpu-0"],
+            {
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": [],
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {"apiVersion": CONFIG_API, "kind": "GpuConfig", "extra": 1},
+                        },
+                    }
+                ]
+            },
+            "extra: Extra inputs are not permitted",
+        ),
+        (
+            ["gpu-0-mig-1g10gb-19-0"],
+            {
+                "device_class": "mig",
+                "config": [
+                    {
+                        "source": "FromClass",
+                        "requests": [],
+                        "opaque": {"driver": DRIVER, "parameters": {"apiVersion": CONFIG_API, "kind": "GpuConfig"}},
+                    }
+                ],
+            },
+            "a GpuConfig cannot configure a mig device",
+        ),
+        (
+            ["gpu-0"],
+            {
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": [],
+                        "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "v9", "kind": "GpuConfig"}},
+                    }
+                ]
+            },
+            "unsupported apiVersion 'v9'",
+        ),
     ],
 )
 def test_bad_claims_get_a_clear_error_and_change_nothing(node: Node, devices, kwargs, message) -> None:
@@ -143,8 +200,10 @@ def test_api_server_down_is_a_per_claim_error(node: Node, monkeypatch) -> None:
 
 
 def test_a_device_held_by_another_claim_is_refused(node: Node) -> None:
-    first, second = claim(["gpu-1-mig-3g40gb-9-0"], device_class="mig"), claim(["gpu-1-mig-4g40gb-5-0"],
-                                                                                 device_class="mig")
+    first, second = (
+        claim(["gpu-1-mig-3g40gb-9-0"], device_class="mig"),
+        claim(["gpu-1-mig-4g40gb-5-0"], device_class="mig"),
+    )
     whole = claim(["gpu-1"])
     node.add(first, second, whole)
     d = node.driver()
@@ -235,7 +294,9 @@ def test_checkpoint_decoding_is_lenient_about_new_fields(node: Node) -> None:
     doc = json.loads(path.read_text())
     doc["data"]["futureField"] = {"x": 1}
     doc["data"]["claims"][c["metadata"]["uid"]]["alsoNew"] = True
-    doc["checksum"] = hashlib.sha256(json.dumps(doc["data"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    doc["checksum"] = hashlib.sha256(
+        json.dumps(doc["data"], sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
     path.write_text(json.dumps(doc))
     assert c["metadata"]["uid"] in node.driver().checkpoint.claims
 
@@ -252,9 +313,20 @@ def test_class_then_claim_config_precedence(node: Node) -> None:
     from dra_driver.plugin.config import resolve
 
     def cfg(source: str, interval: str, requests: list[str] | None = None) -> AllocatedConfig:
-        return AllocatedConfig.model_validate({"source": source, "requests": requests or [], "opaque": {
-            "driver": DRIVER, "parameters": {"apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": {
-                "strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}})
+        return AllocatedConfig.model_validate(
+            {
+                "source": source,
+                "requests": requests or [],
+                "opaque": {
+                    "driver": DRIVER,
+                    "parameters": {
+                        "apiVersion": CONFIG_API,
+                        "kind": "GpuConfig",
+                        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}},
+                    },
+                },
+            }
+        )
 
     configs = [cfg("FromClaim", "Long"), cfg("FromClass", "Short"), cfg("FromClaim", "Medium", ["other"])]
     chosen = resolve(configs, DRIVER, "gpu", "gpu")
@@ -271,28 +343,31 @@ def test_one_hundred_concurrent_prepares_leave_a_consistent_state(node: Node) ->
     d = node.driver()
     candidates = [f"gpu-{g}-mig-1g10gb-19-{s}" for g in range(4) for s in range(7)]
     candidates += [f"gpu-{g}-mig-2g20gb-14-{s}" for g in range(4) for s in (0, 2, 4)] + ["gpu-6", "gpu-7"]
-    claims = [claim([candidates[i % len(candidates)]], device_class="mig" if "mig" in candidates[i % len(candidates)]
-                    else "gpu") for i in range(100)]
+    claims = [
+        claim(
+            [candidates[i % len(candidates)]], device_class="mig" if "mig" in candidates[i % len(candidates)] else "gpu"
+        )
+        for i in range(100)
+    ]
     node.add(*claims)
     barrier = threading.Barrier(16)
 
     def go(c):  # type: ignore[no-untyped-def]
-        try:
+        with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=5)
-        except threading.BrokenBarrierError:
-            pass
         return d.prepare([ref(c)])[c["metadata"]["uid"]]
 
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(go, claims))
     ok = [c for c, r in zip(claims, results, strict=True) if not r.error]
     assert ok and len(ok) < 100
-    assert all(r.error and ("overlap" in r.error or "held" in r.error or "which claim" in r.error)
-               for r in results if r.error)
+    assert all(
+        r.error and ("overlap" in r.error or "held" in r.error or "which claim" in r.error) for r in results if r.error
+    )
     held = [d.catalog[c["status"]["allocation"]["devices"]["results"][0]["device"]] for c in ok]
     from dra_driver.plugin.catalog import conflicts
 
-    assert not any(conflicts(a, b) for i, a in enumerate(held) for b in held[i + 1:])
+    assert not any(conflicts(a, b) for i, a in enumerate(held) for b in held[i + 1 :])
     completed = {uid for uid, e in d.checkpoint.claims.items() if e.state is ClaimState.PREPARE_COMPLETED}
     assert completed == {c["metadata"]["uid"] for c in ok} == set(d.checkpoint.claims)
     assert node.cdi_files() == sorted(spec_file_name(DRIVER, uid) for uid in completed)

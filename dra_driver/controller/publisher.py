@@ -1,0 +1,189 @@
+"""Keeps this node's ResourceSlice pool in the API server equal to what the slice builder says.
+
+Writes follow the pool protocol the scheduler relies on: a content change bumps the pool generation, every
+slice of the new generation is written (each carrying the new resourceSliceCount), and only then are slices
+of older generations or beyond the new count deleted. A reader that sees a partly written new generation
+finds fewer slices than resourceSliceCount and treats the pool as incomplete rather than misreading it.
+
+A watch on the pool's slices repairs edits and deletions made behind our back (the kubelet deletes a
+node's slices when it restarts); failures are retried with exponential backoff and full jitter.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.slices.model import ResourceSlice
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
+SliceSource = Callable[[int, str | None], list[ResourceSlice]]  # (generation, node uid) -> desired slices
+
+
+@dataclass
+class PublisherStats:
+    requests: int = 0
+    writes: int = 0
+    errors: int = 0
+    syncs: int = 0
+    by_verb: dict[str, int] = field(default_factory=dict)
+
+
+def _content(obj: dict[str, Any]) -> dict[str, Any]:
+    """What must match for a stored slice to count as published: the spec without the generation."""
+    spec = dict(obj.get("spec", {}))
+    pool = dict(spec.get("pool", {}))
+    pool.pop("generation", None)
+    spec["pool"] = pool
+    return spec
+
+
+class Publisher:
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        node_name: str,
+        driver: str,
+        desired: SliceSource,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        from kubernetes import client
+
+        self._objects = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self.node_name = node_name
+        self.driver = driver
+        self._desired = desired
+        self._selector = f"spec.driver={driver},spec.nodeName={node_name}"
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._backoff = (backoff_initial, backoff_max)
+        self._node_uid: str | None = None
+        self.stats = PublisherStats()
+        self.in_sync = threading.Event()
+        self.last_error: str | None = None
+
+    # ----- API calls, counted --------------------------------------------------------------------------------
+    def _call(self, verb: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.stats.requests += 1
+        self.stats.by_verb[verb] = self.stats.by_verb.get(verb, 0) + 1
+        if verb in ("create", "replace", "delete"):
+            self.stats.writes += 1
+        return fn(*args, **kwargs, _request_timeout=10)
+
+    def _list(self) -> list[dict[str, Any]]:
+        got = self._call(
+            "list", self._objects.list_cluster_custom_object, GROUP, VERSION, PLURAL, field_selector=self._selector
+        )
+        return list(got.get("items", []))
+
+    # ----- reconcile -----------------------------------------------------------------------------------------
+    def sync_once(self) -> bool:
+        """One reconcile pass. True when it changed something."""
+        self.stats.syncs += 1
+        if self._node_uid is None:
+            node = self._call("get", self._core.read_node, self.node_name)
+            self._node_uid = node.metadata.uid
+        existing = self._list()
+        generation = max((int(o["spec"]["pool"].get("generation", 0)) for o in existing), default=0)
+        desired = [s.to_api() for s in self._desired(generation or 1, self._node_uid)]
+        current = [o for o in existing if int(o["spec"]["pool"].get("generation", 0)) == generation]
+        by_name = {o["metadata"]["name"]: o for o in existing}
+        if len(current) == len(desired) == len(existing) and all(
+            d["metadata"]["name"] in by_name and _content(by_name[d["metadata"]["name"]]) == _content(d)
+            for d in desired
+        ):
+            return False
+        new_generation = generation + 1
+        for d in [s.to_api() for s in self._desired(new_generation, self._node_uid)]:
+            name = d["metadata"]["name"]
+            if name in by_name:
+                d["metadata"]["resourceVersion"] = by_name[name]["metadata"]["resourceVersion"]
+                self._call("replace", self._objects.replace_cluster_custom_object, GROUP, VERSION, PLURAL, name, d)
+            else:
+                self._call("create", self._objects.create_cluster_custom_object, GROUP, VERSION, PLURAL, d)
+            by_name.pop(name, None)
+        for name in by_name:  # old generations and slices beyond the new count, after the new pool is complete
+            self._call("delete", self._objects.delete_cluster_custom_object, GROUP, VERSION, PLURAL, name)
+        log.info("published pool %s generation %d", self.node_name, new_generation)
+        return True
+
+    def trigger(self) -> None:
+        """Reconcile soon (inventory or health changed)."""
+        self.in_sync.clear()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.sync_once()
+                self.last_error = None
+                self.in_sync.set()
+                delay = self._backoff[0]
+                self._wake.wait()
+            except (ApiException, OSError, ValueError) as e:  # API down, conflict, timeout: retry
+                self.stats.errors += 1
+                self.in_sync.clear()
+                self.last_error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
+                log.warning("publishing pool %s failed (%s); retrying", self.node_name, self.last_error)
+                self._wake.wait(random.uniform(0, delay))  # full jitter
+                delay = min(delay * 2, self._backoff[1])
+            except Exception as e:  # urllib3 connection errors and the like
+                self.stats.errors += 1
+                self.in_sync.clear()
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("publishing pool %s failed (%s); retrying", self.node_name, self.last_error)
+                self._wake.wait(random.uniform(0, delay))
+                delay = min(delay * 2, self._backoff[1])
+
+    def _watch(self) -> None:
+        from kubernetes import watch
+
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    self._objects.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    field_selector=self._selector,
+                    timeout_seconds=30,
+                ):
+                    if self._stop.is_set():
+                        break
+                    if event["type"] in ("DELETED", "MODIFIED", "ADDED"):
+                        self._wake.set()  # the reconcile compares content: our own writes cost one list
+                delay = self._backoff[0]
+            except Exception as e:
+                log.debug("watch of pool %s ended: %s", self.node_name, e)
+                self._stop.wait(random.uniform(0, delay))
+                delay = min(delay * 2, self._backoff[1])
+            finally:
+                w.stop()
+
+    def start(self) -> None:
+        for target in (self._loop, self._watch):
+            t = threading.Thread(target=target, name=f"publisher-{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout=35)
