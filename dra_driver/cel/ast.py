@@ -1,0 +1,77 @@
+"""The CEL syntax tree.  Operators are `Call`s named like cel-go's (`_+_`, `!_`, `_?_:_`) to share dispatch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Const(Node):
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ident(Node):
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Select(Node):
+    operand: Node
+    field: str
+    optional: bool = False  # `a.?b`
+
+
+@dataclass(frozen=True, slots=True)
+class Index(Node):
+    operand: Node
+    index: Node
+    optional: bool = False  # `a[?b]`
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Node):
+    function: str
+    args: tuple[Node, ...]
+    target: Node | None = None  # receiver of `target.function(args)`
+
+
+@dataclass(frozen=True, slots=True)
+class ListLit(Node):
+    elements: tuple[Node, ...]
+    optional: tuple[bool, ...]  # `[?x]` entries are skipped when x is none
+
+
+@dataclass(frozen=True, slots=True)
+class MapLit(Node):
+    entries: tuple[tuple[Node, Node, bool], ...]  # key, value, optional (`{?k: v}`)
+
+
+@dataclass(frozen=True, slots=True)
+class Has(Node):
+    select: Select
+
+
+@dataclass(frozen=True, slots=True)
+class Comprehension(Node):
+    """A macro over a list or map: all, exists, exists_one, map, filter (one or two iteration variables)."""
+
+    macro: str
+    target: Node
+    var: str
+    var2: str | None
+    body: Node
+    transform: Node | None = None  # `map(x, filter, transform)` / `transformList(i, v, filter, transform)`
+
+
+@dataclass(frozen=True, slots=True)
+class Bind(Node):
+    var: str
+    init: Node
+    body: Node

@@ -1,0 +1,689 @@
+"""Type-checks a CEL syntax tree and turns it into nested Python closures.
+
+One pass does both: every node yields `(closure, static type)`. Static types are only as precise as needed to
+reject what cel-go's checker certainly rejects (undeclared names, unknown device fields, operators on clearly
+incompatible types, a non-bool result); anything involving `dyn` (every attribute value) is left to runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from dra_driver.cel import ast, cost
+from dra_driver.cel.cost import Activation
+from dra_driver.cel.errors import CelCompileError, CostLimitExceeded, EvalError
+from dra_driver.cel.library import FOLDABLE, REGISTRY, SAME_AS_RECEIVER, compile_regex, known_names, no_overload
+from dra_driver.cel.parser import format_error
+from dra_driver.cel.types import (
+    BOOL,
+    BYTES,
+    DEVICE,
+    DEVICE_FIELDS,
+    DOUBLE,
+    DYN,
+    INT,
+    LIST_DYN,
+    NULL,
+    NUMERIC,
+    QUANTITY,
+    SEMVER,
+    STRING,
+    TYPE,
+    UINT,
+    T,
+    list_of,
+    map_of,
+    optional_of,
+)
+from dra_driver.cel.values import NONE, CelType, Device, DomainMap, Optional, UInt, is_missing, map_get, type_name
+
+Fn = Callable[[Activation], Any]
+VARIABLES: Final = {"device": DEVICE}
+_ARITH: Final = {"_+_", "_-_", "_*_", "_/_", "_%_"}
+_ORDER: Final = {"_<_", "_<=_", "_>_", "_>=_"}
+_ORDERED_KINDS: Final = {"int", "uint", "double", "string", "bytes", "bool"}
+_CONST_TYPES: Final = {bool: BOOL, int: INT, UInt: UINT, float: DOUBLE, str: STRING, bytes: BYTES, type(None): NULL}
+_UNSET: Final = object()
+_TYPE_NAMES: Final = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
+
+
+def _concrete(t: T) -> bool:
+    return t != DYN
+
+
+class Compiler:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, node: ast.Node, message: str) -> CelCompileError:
+        return CelCompileError(format_error(self.source, node.pos, message))
+
+    def compile(self, node: ast.Node, scope: dict[str, T]) -> tuple[Fn, T]:
+        method = getattr(self, f"_{type(node).__name__.lower()}")
+        result: tuple[Fn, T] = method(node, scope)
+        return result
+
+    # -- leaves --------------------------------------------------------------------------------------------------
+    def _const(self, node: ast.Const, scope: dict[str, T]) -> tuple[Fn, T]:
+        value = node.value
+        return (lambda a: value), _CONST_TYPES[type(value)]
+
+    def _ident(self, node: ast.Ident, scope: dict[str, T]) -> tuple[Fn, T]:
+        name = node.name
+        if name not in scope and name in _TYPE_NAMES:
+            value = CelType(name)
+            return (lambda a: value), TYPE
+        if name not in scope:
+            raise self.fail(node, f"undeclared reference to '{name}' (in container '')")
+
+        def ident(a: Activation) -> Any:
+            a.cost += 1
+            return a.vars[name]
+
+        return ident, scope[name]
+
+    # -- selection and indexing ----------------------------------------------------------------------------------
+    def _select(self, node: ast.Select, scope: dict[str, T]) -> tuple[Fn, T]:
+        operand, otype = self.compile(node.operand, scope)
+        field = node.field
+        if otype == DEVICE:
+            if field not in DEVICE_FIELDS:
+                raise self.fail(node, f"undefined field '{field}'")
+            ftype = DEVICE_FIELDS[field]
+        elif otype.kind == "map":
+            ftype = otype.param(1)
+        elif otype.kind == "optional_type":
+            ftype = otype.param(0).param(1) if otype.param(0).kind == "map" else DYN
+        elif _concrete(otype):
+            raise self.fail(node, f"type '{otype}' does not support field selection")
+        else:
+            ftype = DYN
+
+        if node.optional:
+
+            def opt_select(a: Activation) -> Any:
+                a.cost += 1
+                return _optional_get(operand(a), field, True)
+
+            return opt_select, optional_of(ftype)
+
+        def select(a: Activation) -> Any:
+            a.cost += 1
+            return _get(operand(a), field, True)
+
+        return select, ftype
+
+    def _index(self, node: ast.Index, scope: dict[str, T]) -> tuple[Fn, T]:
+        operand, otype = self.compile(node.operand, scope)
+        index, itype = self.compile(node.index, scope)
+        base = otype.param(0) if otype.kind == "optional_type" else otype
+        if base.kind == "list":
+            if _concrete(itype) and itype not in NUMERIC:
+                raise self.fail(node, f"found no matching overload for '_[_]' applied to '({otype}, {itype})'")
+            rtype = base.param(0)
+        elif base.kind == "map":
+            rtype = base.param(1)
+        elif _concrete(base) and base != DEVICE:
+            raise self.fail(node, f"found no matching overload for '_[_]' applied to '({otype}, {itype})'")
+        else:
+            rtype = DYN
+        if node.optional:
+
+            def opt_index(a: Activation) -> Any:
+                a.cost += 1
+                return _optional_get(operand(a), index(a), False)
+
+            return opt_index, optional_of(rtype)
+
+        def idx(a: Activation) -> Any:
+            a.cost += 1
+            return _get(operand(a), index(a), False)
+
+        return idx, rtype
+
+    def _has(self, node: ast.Has, scope: dict[str, T]) -> tuple[Fn, T]:
+        operand, otype = self.compile(node.select.operand, scope)
+        field = node.select.field
+        if otype == DEVICE and field not in DEVICE_FIELDS:
+            raise self.fail(node.select, f"undefined field '{field}'")
+
+        def has(a: Activation) -> bool:
+            a.cost += 1
+            value = operand(a)
+            if isinstance(value, dict):
+                return not is_missing(map_get(value, field))
+            if isinstance(value, Device):
+                return True
+            raise EvalError(f"invalid type for field selection: {type_name(value)}")
+
+        return has, BOOL
+
+    # -- literals ------------------------------------------------------------------------------------------------
+    def _listlit(self, node: ast.ListLit, scope: dict[str, T]) -> tuple[Fn, T]:
+        compiled = [self.compile(e, scope) for e in node.elements]
+        fns = [fn for fn, _ in compiled]
+        types = {t.param(0) if opt else t for (_, t), opt in zip(compiled, node.optional, strict=True)}
+        elem = types.pop() if len(types) == 1 else DYN
+        if not any(node.optional):
+
+            def make_list(a: Activation) -> list[Any]:
+                a.charge(cost.LIST_CREATE)
+                return [fn(a) for fn in fns]
+
+            return make_list, list_of(elem)
+        flags = node.optional
+
+        def make_opt_list(a: Activation) -> list[Any]:
+            a.charge(cost.LIST_CREATE)
+            out: list[Any] = []
+            for fn, opt in zip(fns, flags, strict=True):
+                value = fn(a)
+                if not opt:
+                    out.append(value)
+                elif not isinstance(value, Optional):
+                    raise no_overload("optional list element", value)
+                elif value.has_value:
+                    out.append(value.value)
+            return out
+
+        return make_opt_list, list_of(elem)
+
+    def _maplit(self, node: ast.MapLit, scope: dict[str, T]) -> tuple[Fn, T]:
+        entries = [(self.compile(k, scope), self.compile(v, scope), opt) for k, v, opt in node.entries]
+        key_types = {kt for (_, kt), _, _ in entries}
+        val_types = {vt.param(0) if opt else vt for _, (_, vt), opt in entries}
+        for (_, kt), _, _ in entries:
+            if _concrete(kt) and kt.kind not in ("int", "uint", "bool", "string"):
+                raise self.fail(node, f"unsupported map key type: {kt}")
+        key_t = key_types.pop() if len(key_types) == 1 else DYN
+        val_t = val_types.pop() if len(val_types) == 1 else DYN
+        plan = [(kf, vf, opt) for (kf, _), (vf, _), opt in entries]
+
+        def make_map(a: Activation) -> dict[Any, Any]:
+            a.charge(cost.MAP_CREATE)
+            out: dict[Any, Any] = {}
+            for kf, vf, opt in plan:
+                key = kf(a)
+                if isinstance(key, float) or not isinstance(key, int | str):
+                    raise EvalError(f"unsupported map key type: {type_name(key)}")
+                if not is_missing(map_get(out, key)):
+                    raise EvalError(f"Failed with repeated key: {key}")
+                if key in out:  # Python conflates true and 1 as dict keys; CEL does not
+                    raise EvalError("unsupported map literal: bool and numeric keys that Python cannot tell apart")
+                value = vf(a)
+                if opt:
+                    if not isinstance(value, Optional):
+                        raise no_overload("optional map entry", value)
+                    if not value.has_value:
+                        continue
+                    value = value.value
+                out[key] = value
+            return out
+
+        return make_map, map_of(key_t, val_t)
+
+    # -- macros --------------------------------------------------------------------------------------------------
+    def _bind(self, node: ast.Bind, scope: dict[str, T]) -> tuple[Fn, T]:
+        init, itype = self.compile(node.init, scope)
+        body, btype = self.compile(node.body, {**scope, node.var: itype})
+        var = node.var
+
+        def bind(a: Activation) -> Any:
+            saved = a.vars.get(var, _UNSET)
+            a.vars[var] = init(a)
+            try:
+                return body(a)
+            finally:
+                _restore(a, var, saved)
+
+        return bind, btype
+
+    def _comprehension(self, node: ast.Comprehension, scope: dict[str, T]) -> tuple[Fn, T]:
+        target, ttype = self.compile(node.target, scope)
+        macro, var, var2 = node.macro, node.var, node.var2
+        if macro == "optMap":
+            return self._opt_map(node, target, ttype, scope)
+        if ttype.kind == "list":
+            vtypes = (INT, ttype.param(0)) if var2 else (ttype.param(0), DYN)
+        elif ttype.kind == "map":
+            vtypes = (ttype.param(0), ttype.param(1)) if var2 else (ttype.param(0), DYN)
+        elif _concrete(ttype):
+            raise self.fail(node, f"expression of type '{ttype}' cannot be range of a comprehension")
+        else:
+            vtypes = (DYN, DYN)
+        inner = {**scope, var: vtypes[0]}
+        if var2:
+            inner[var2] = vtypes[1]
+        body, btype = self.compile(node.body, inner)
+        transform, ttype2 = self.compile(node.transform, inner) if node.transform else (None, DYN)
+        if macro in ("all", "exists", "exists_one", "filter") and _concrete(btype) and btype != BOOL:
+            raise self.fail(node.body, f"found no matching overload for '{macro}' with a predicate of type '{btype}'")
+        result_type = {
+            "all": BOOL,
+            "exists": BOOL,
+            "exists_one": BOOL,
+            "filter": ttype,
+            "sortBy": ttype,
+            "map": list_of(ttype2 if transform else btype),
+            "transformList": list_of(ttype2),
+            "transformMap": map_of(vtypes[0], ttype2),
+        }[macro]
+        run = _MACROS[macro]
+
+        def comprehension(a: Activation) -> Any:
+            items = target(a)
+            if isinstance(items, list):
+                pairs: Any = enumerate(items) if var2 else ((None, x) for x in items)
+            elif isinstance(items, dict):
+                pairs = items.items() if var2 else ((None, k) for k in items)
+            else:
+                raise EvalError(f"expression of type '{type_name(items)}' cannot be range of a comprehension")
+            saved = (a.vars.get(var, _UNSET), a.vars.get(var2, _UNSET) if var2 else _UNSET)
+            try:
+                return run(a, pairs, var, var2, body, transform)
+            finally:
+                _restore(a, var, saved[0])
+                if var2:
+                    _restore(a, var2, saved[1])
+
+        return comprehension, result_type
+
+    def _opt_map(self, node: ast.Comprehension, target: Fn, ttype: T, scope: dict[str, T]) -> tuple[Fn, T]:
+        body, btype = self.compile(node.body, {**scope, node.var: ttype.param(0)})
+        var = node.var
+
+        def opt_map(a: Activation) -> Any:
+            opt = target(a)
+            if not isinstance(opt, Optional):
+                raise no_overload("optMap", opt)
+            if not opt.has_value:
+                return NONE
+            saved = a.vars.get(var, _UNSET)
+            a.vars[var] = opt.value
+            try:
+                return Optional(True, body(a))
+            finally:
+                _restore(a, var, saved)
+
+        return opt_map, optional_of(btype)
+
+    # -- calls ---------------------------------------------------------------------------------------------------
+    def _call(self, node: ast.Call, scope: dict[str, T]) -> tuple[Fn, T]:
+        name, target = node.function, node.target
+        if name in ("_&&_", "_||_"):
+            return self._logic(node, scope)
+        if name == "_?_:_":
+            return self._ternary(node, scope)
+        if name == "!_":
+            ((fn, t),) = (self.compile(node.args[0], scope),)
+            self._expect_bool(node, "!_", [t])
+
+            def not_(a: Activation) -> bool:
+                value = fn(a)
+                if value is True or value is False:
+                    return not value
+                raise no_overload("!_", value)
+
+            return not_, BOOL
+        # `optional.of(x)`, `sets.contains(a, b)`, `lists.range(n)`: a namespace, not a receiver.
+        if isinstance(target, ast.Ident) and target.name not in scope and f"{target.name}.{name}" in known_names():
+            name, target = f"{target.name}.{name}", None
+        member = target is not None
+        compiled = ([self.compile(target, scope)] if target is not None else []) + [
+            self.compile(arg, scope) for arg in node.args
+        ]
+        fns = [fn for fn, _ in compiled]
+        types = [t for _, t in compiled]
+        overload = REGISTRY.get((name, member, len(fns)))
+        if overload is None:
+            if name not in known_names():
+                raise self.fail(node, f"undeclared reference to '{name}' (in container '')")
+            shown = f"{types[0]}.({', '.join(map(str, types[1:]))})" if member else f"({', '.join(map(str, types))})"
+            raise self.fail(node, f"found no matching overload for '{name}' applied to '{shown}'")
+        rtype = self._static_type(node, name, types, overload.ret)
+        if name == "matches" and isinstance(node.args[-1], ast.Const) and isinstance(node.args[-1].value, str):
+            try:
+                compile_regex(node.args[-1].value)  # cel-go rejects constant bad patterns at program creation
+            except EvalError as err:
+                raise self.fail(node.args[-1], err.message) from None
+        impl = overload.impl
+        if name in FOLDABLE and target is None and all(isinstance(arg, ast.Const) for arg in node.args):
+            try:
+                folded = impl(cost.Activation({}), *[arg.value for arg in node.args if isinstance(arg, ast.Const)])
+            except EvalError:
+                pass
+            else:
+
+                def constant(a: Activation) -> Any:
+                    a.cost += 1  # charged as the call it replaces
+                    return folded
+
+                return constant, rtype
+        if len(fns) == 1:
+            (f0,) = fns
+
+            def call1(a: Activation) -> Any:
+                a.cost += 1
+                return impl(a, f0(a))
+
+            return call1, rtype
+        if len(fns) == 2:
+            f0, f1 = fns
+
+            def call2(a: Activation) -> Any:
+                a.cost += 1
+                return impl(a, f0(a), f1(a))
+
+            return call2, rtype
+
+        def call(a: Activation) -> Any:
+            a.cost += 1
+            return impl(a, *[fn(a) for fn in fns])
+
+        return call, rtype
+
+    def _static_type(self, node: ast.Call, name: str, types: list[T], ret: T) -> T:
+        """Operator checks where both operand types are known, mirroring cel-go's overload resolution."""
+
+        def bad() -> CelCompileError:
+            return self.fail(
+                node, f"found no matching overload for '{name}' applied to '({', '.join(map(str, types))})'"
+            )
+
+        if name in _ARITH or name in _ORDER or name in ("_==_", "_!=_"):
+            left, right = types
+            if not (_concrete(left) and _concrete(right)):
+                return BOOL if name not in _ARITH else DYN
+            same = left.kind == right.kind
+            if name in ("_==_", "_!=_"):
+                if not same and not (left in NUMERIC and right in NUMERIC) and NULL not in (left, right):
+                    raise bad()
+                return BOOL
+            if name in _ORDER:
+                numeric = left in NUMERIC and right in NUMERIC
+                if not (numeric or (same and left.kind in _ORDERED_KINDS)):
+                    raise bad()
+                return BOOL
+            allowed = {"_+_": {"int", "uint", "double", "string", "bytes", "list"}, "_%_": {"int", "uint"}}
+            if not same or left.kind not in allowed.get(name, {"int", "uint", "double"}):
+                raise bad()
+            return left if left.kind != "list" or left == right else LIST_DYN
+        if name == "-_":
+            if _concrete(types[0]) and types[0] not in (INT, DOUBLE):
+                raise bad()
+            return types[0]
+        if name == "@in":
+            container = types[1]
+            if _concrete(container) and container.kind not in ("list", "map"):
+                raise bad()
+            return BOOL
+        receiver = types[0] if types else DYN
+        if name in SAME_AS_RECEIVER or name == "flatten":
+            return receiver if name != "flatten" else LIST_DYN
+        if name in ("first", "last"):
+            return optional_of(receiver.param(0))
+        if name in ("value", "orValue") and receiver.kind == "optional_type":
+            return receiver.param(0)
+        if name in ("min", "max", "sum") and receiver.kind == "list":
+            return receiver.param(0)
+        if name == "optional.of":
+            return optional_of(receiver)
+        if name in ("optional.none", "optional.ofNonZeroValue", "or"):
+            return optional_of(DYN)
+        self._check_receiver(node, name, types)
+        return ret
+
+    def _check_receiver(self, node: ast.Call, name: str, types: list[T]) -> None:
+        """Quantity/Semver-only methods on a known other type (e.g. a capacity compared with `>`) fail early."""
+        qty_only = {"sign", "isInteger", "asInteger", "asApproximateFloat", "add", "sub"}
+        both = {"compareTo", "isGreaterThan", "isLessThan"}
+        semver_only = {"major", "minor", "patch"}
+        if not types or not _concrete(types[0]):
+            return
+        allowed = {QUANTITY} if name in qty_only else {SEMVER} if name in semver_only else None
+        if name in both:
+            allowed = {QUANTITY, SEMVER}
+        if allowed is not None and types[0] not in allowed:
+            shown = f"{types[0]}.({', '.join(map(str, types[1:]))})"
+            raise self.fail(node, f"found no matching overload for '{name}' applied to '{shown}'")
+
+    def _expect_bool(self, node: ast.Node, name: str, types: list[T]) -> None:
+        if any(_concrete(t) and t != BOOL for t in types):
+            raise self.fail(
+                node, f"found no matching overload for '{name}' applied to '({', '.join(map(str, types))})'"
+            )
+
+    def _logic(self, node: ast.Call, scope: dict[str, T]) -> tuple[Fn, T]:
+        (left, lt), (right, rt) = (self.compile(arg, scope) for arg in node.args)
+        self._expect_bool(node, node.function, [lt, rt])
+        absorbing = node.function == "_||_"  # the value that decides the result regardless of the other side
+        name = node.function
+
+        def logic(a: Activation) -> Any:
+            try:
+                lv = left(a)
+            except CostLimitExceeded:
+                raise
+            except EvalError as err:
+                lv = err
+            if lv is absorbing:
+                return absorbing
+            rv = right(a)  # an error here propagates unless the left side decided (handled above)
+            if rv is absorbing:
+                return absorbing
+            if isinstance(lv, EvalError):
+                raise lv
+            if type(lv) is not bool:
+                raise no_overload(name, lv, rv)
+            if type(rv) is not bool:
+                raise no_overload(name, lv, rv)
+            return not absorbing
+
+        return logic, BOOL
+
+    def _ternary(self, node: ast.Call, scope: dict[str, T]) -> tuple[Fn, T]:
+        (cond, ct), (then, tt), (other, ot) = (self.compile(arg, scope) for arg in node.args)
+        self._expect_bool(node, "_?_:_", [ct])
+
+        def ternary(a: Activation) -> Any:
+            c = cond(a)
+            if c is True:
+                return then(a)
+            if c is False:
+                return other(a)
+            raise no_overload("_?_:_", c)
+
+        return ternary, tt if tt == ot else DYN
+
+
+# -- runtime helpers ----------------------------------------------------------------------------------------------
+def _restore(a: Activation, var: str, saved: Any) -> None:
+    if saved is _UNSET:
+        a.vars.pop(var, None)
+    else:
+        a.vars[var] = saved
+
+
+def _get(container: Any, key: Any, is_field: bool) -> Any:
+    if isinstance(container, dict):
+        value = map_get(container, key)
+        if is_missing(value):
+            if isinstance(container, DomainMap):
+                return {}  # unknown domain: empty map, not an error
+            raise EvalError(f"no such key: {_show_key(key)}")
+        return value
+    if isinstance(container, Device) and is_field and key in Device.FIELDS:
+        return getattr(container, key)
+    if isinstance(container, list) and not is_field:
+        if (
+            isinstance(key, bool)
+            or not isinstance(key, int | float)
+            or (isinstance(key, float) and not key.is_integer())
+        ):
+            raise no_overload("_[_]", container, key)
+        i = int(key)
+        if not 0 <= i < len(container):
+            raise EvalError(f"index out of range: {i}")
+        return container[i]
+    if isinstance(container, Optional):
+        return _optional_get(container, key, is_field)
+    raise no_overload("_[_]" if not is_field else "_._", container, key)
+
+
+def _show_key(key: Any) -> str:
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return str(key)
+
+
+def _optional_get(container: Any, key: Any, is_field: bool) -> Optional:
+    if isinstance(container, Optional):
+        if not container.has_value:
+            return NONE
+        container = container.value
+    if isinstance(container, dict):
+        value = map_get(container, key)
+        return NONE if is_missing(value) else Optional(True, value)
+    if isinstance(container, list) and not is_field:
+        if type(key) is int and 0 <= key < len(container):
+            return Optional(True, container[key])
+        return NONE
+    return Optional(True, _get(container, key, is_field))
+
+
+def _set(a: Activation, var: str, var2: str | None, first: Any, second: Any) -> None:
+    if var2 is None:
+        a.vars[var] = second
+    else:
+        a.vars[var] = first
+        a.vars[var2] = second
+
+
+def _run_all(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
+    error: EvalError | None = None
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        try:
+            value = body(a)
+        except CostLimitExceeded:
+            raise
+        except EvalError as err:
+            error = err
+            continue
+        if value is False:
+            return False
+        if value is not True:
+            error = no_overload("all", value)
+    if error is not None:
+        raise error
+    return True
+
+
+def _run_exists(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
+    error: EvalError | None = None
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        try:
+            value = body(a)
+        except CostLimitExceeded:
+            raise
+        except EvalError as err:
+            error = err
+            continue
+        if value is True:
+            return True
+        if value is not False:
+            error = no_overload("exists", value)
+    if error is not None:
+        raise error
+    return False
+
+
+def _run_exists_one(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
+    count = 0
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        value = body(a)
+        if type(value) is not bool:
+            raise no_overload("exists_one", value)
+        count += value
+    return count == 1
+
+
+def _predicate(value: Any, macro: str) -> bool:
+    if type(value) is not bool:
+        raise no_overload(macro, value)
+    return value
+
+
+def _run_map(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, transform: Fn | None) -> list[Any]:
+    out: list[Any] = []
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        if transform is None:
+            out.append(body(a))
+        elif _predicate(body(a), "map"):
+            out.append(transform(a))
+    return out
+
+
+def _run_filter(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> list[Any]:
+    out: list[Any] = []
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        if _predicate(body(a), "filter"):
+            out.append(second)
+    return out
+
+
+def _run_transform_list(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> list[Any]:
+    assert t is not None
+    out: list[Any] = []
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        if _predicate(body(a), "transformList"):
+            out.append(t(a))
+    return out
+
+
+def _run_transform_map(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> Any:
+    assert t is not None
+    out: dict[Any, Any] = {}
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        if _predicate(body(a), "transformMap"):
+            out[first] = t(a)
+    return out
+
+
+def _run_sort_by(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> list[Any]:
+    keyed: list[tuple[Any, Any]] = []
+    for first, second in pairs:
+        a.charge(1)
+        _set(a, var, var2, first, second)
+        keyed.append((body(a), second))
+    kinds = {type(k) for k, _ in keyed}
+    if len(kinds) > 1 and not all(isinstance(k, int | float) and not isinstance(k, bool) for k, _ in keyed):
+        raise EvalError("sortBy: keys must have the same comparable type")
+    keyed.sort(key=lambda kv: kv[0])
+    return [v for _, v in keyed]
+
+
+_MACROS: Final[dict[str, Callable[..., Any]]] = {
+    "all": _run_all,
+    "exists": _run_exists,
+    "exists_one": _run_exists_one,
+    "map": _run_map,
+    "filter": _run_filter,
+    "transformList": _run_transform_list,
+    "transformMap": _run_transform_map,
+    "sortBy": _run_sort_by,
+}

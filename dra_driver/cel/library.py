@@ -1,0 +1,970 @@
+"""Function overloads of the Kubernetes DRA CEL environment.
+
+Each overload is `impl(act, *args)` (the receiver first for member functions); it checks runtime types itself and
+raises `EvalError` with cel-go's "no matching overload" wording when they do not fit, since `dyn` values (attribute
+values are `dyn` in DRA) are only resolved at runtime. `ret` is the static result type used by the checker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Final
+
+from dra_driver.cel import cost
+from dra_driver.cel.cost import Activation
+from dra_driver.cel.errors import EvalError
+from dra_driver.cel.quantity import Quantity, QuantityError, parse_quantity
+from dra_driver.cel.semver import Semver, parse_semver
+from dra_driver.cel.types import (
+    BOOL,
+    BYTES,
+    DOUBLE,
+    DYN,
+    INT,
+    LIST_INT,
+    LIST_STRING,
+    QUANTITY,
+    SEMVER,
+    STRING,
+    TYPE,
+    UINT,
+    T,
+)
+from dra_driver.cel.values import (
+    NONE,
+    CelType,
+    Optional,
+    UInt,
+    cel_equal,
+    is_missing,
+    is_number,
+    map_get,
+    type_name,
+)
+
+try:  # RE2 semantics, as cel-go; google-re2 comes with cel-python, a project dependency.
+    import re2 as _re  # type: ignore[import-untyped]
+except ImportError:  # pragma: no cover - fallback keeps the package importable
+    import re as _re
+
+Impl = Callable[..., Any]
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+UINT64_MAX: Final = 2**64 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Overload:
+    impl: Impl
+    ret: T = DYN
+
+
+# (name, member, number of arguments including the receiver) -> overload
+REGISTRY: dict[tuple[str, bool, int], Overload] = {}
+
+
+def register(name: str, member: bool, nargs: int, ret: T = DYN) -> Callable[[Impl], Impl]:
+    def wrap(impl: Impl) -> Impl:
+        REGISTRY[(name, member, nargs)] = Overload(impl, ret)
+        return impl
+
+    return wrap
+
+
+def known_names() -> set[str]:
+    return {name for name, _, _ in REGISTRY}
+
+
+def no_overload(name: str, *args: Any) -> EvalError:
+    return EvalError(f"no matching overload for '{name}' applied to '({', '.join(type_name(a) for a in args)})'")
+
+
+def _check_int(value: int) -> int:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise EvalError("integer overflow")
+    return value
+
+
+def _check_uint(value: int) -> UInt:
+    if not 0 <= value <= UINT64_MAX:
+        raise EvalError("unsigned integer overflow")
+    return UInt(value)
+
+
+def _same(kind: type, *values: Any) -> bool:
+    return all(type(v) is kind for v in values)
+
+
+# -- arithmetic ---------------------------------------------------------------------------------------------------
+@register("_+_", False, 2)
+def _add(act: Activation, a: Any, b: Any) -> Any:
+    ta, tb = type(a), type(b)
+    if ta is tb:
+        if ta is int:
+            return _check_int(a + b)
+        if ta is float:
+            return a + b
+        if ta is str or ta is bytes or ta is list:
+            act.charge(cost.traversal(len(a) + len(b)))
+            return a + b
+        if ta is UInt:
+            return _check_uint(a + b)
+    raise no_overload("_+_", a, b)
+
+
+@register("_-_", False, 2)
+def _sub(act: Activation, a: Any, b: Any) -> Any:
+    ta = type(a)
+    if ta is type(b):
+        if ta is int:
+            return _check_int(a - b)
+        if ta is float:
+            return a - b
+        if ta is UInt:
+            return _check_uint(a - b)
+    raise no_overload("_-_", a, b)
+
+
+@register("_*_", False, 2)
+def _mul(act: Activation, a: Any, b: Any) -> Any:
+    ta = type(a)
+    if ta is type(b):
+        if ta is int:
+            return _check_int(a * b)
+        if ta is float:
+            return a * b
+        if ta is UInt:
+            return _check_uint(a * b)
+    raise no_overload("_*_", a, b)
+
+
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+@register("_/_", False, 2)
+def _div(act: Activation, a: Any, b: Any) -> Any:
+    ta = type(a)
+    if ta is type(b):
+        if ta is float:
+            if b == 0:
+                return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
+            return a / b
+        if ta is int or ta is UInt:
+            if b == 0:
+                raise EvalError("division by zero")
+            q = _trunc_div(a, b)
+            return _check_int(q) if ta is int else UInt(q)
+    raise no_overload("_/_", a, b)
+
+
+@register("_%_", False, 2)
+def _mod(act: Activation, a: Any, b: Any) -> Any:
+    ta = type(a)
+    if ta is type(b) and (ta is int or ta is UInt):
+        if b == 0:
+            raise EvalError("modulus by zero")
+        r = a - b * _trunc_div(a, b)  # Go semantics: the sign follows the dividend
+        return r if ta is int else UInt(r)
+    raise no_overload("_%_", a, b)
+
+
+@register("-_", False, 1)
+def _neg(act: Activation, a: Any) -> Any:
+    if type(a) is int:
+        return _check_int(-a)
+    if type(a) is float:
+        return -a
+    raise no_overload("-_", a)
+
+
+# -- comparison ---------------------------------------------------------------------------------------------------
+def _ordered(name: str, act: Activation, a: Any, b: Any) -> int:
+    ta, tb = type(a), type(b)
+    if is_number(a) and is_number(b):  # CrossTypeNumericComparisons
+        pass
+    elif ta is tb and (ta is str or ta is bytes):
+        act.charge(cost.traversal(min(len(a), len(b))))
+    elif not (ta is tb and ta is bool):
+        raise no_overload(name, a, b)
+    if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
+        return 2  # NaN: every ordering is false
+    return int((a > b) - (a < b))
+
+
+@register("_<_", False, 2, BOOL)
+def _lt(act: Activation, a: Any, b: Any) -> bool:
+    return _ordered("_<_", act, a, b) == -1
+
+
+@register("_<=_", False, 2, BOOL)
+def _le(act: Activation, a: Any, b: Any) -> bool:
+    return _ordered("_<=_", act, a, b) in (-1, 0)
+
+
+@register("_>_", False, 2, BOOL)
+def _gt(act: Activation, a: Any, b: Any) -> bool:
+    return _ordered("_>_", act, a, b) == 1
+
+
+@register("_>=_", False, 2, BOOL)
+def _ge(act: Activation, a: Any, b: Any) -> bool:
+    return _ordered("_>=_", act, a, b) in (0, 1)
+
+
+@register("_==_", False, 2, BOOL)
+def _eq(act: Activation, a: Any, b: Any) -> bool:
+    if type(a) is str and type(b) is str:
+        return a == b
+    act.charge(cost.traversal(min(cost.size_of(a), cost.size_of(b))))
+    return cel_equal(a, b)
+
+
+@register("_!=_", False, 2, BOOL)
+def _ne(act: Activation, a: Any, b: Any) -> bool:
+    return not _eq(act, a, b)
+
+
+@register("@in", False, 2, BOOL)
+def _in(act: Activation, a: Any, b: Any) -> bool:
+    if isinstance(b, list):
+        act.charge(cost.traversal(len(b)))
+        return any(cel_equal(a, item) for item in b)
+    if isinstance(b, dict):
+        return not is_missing(map_get(b, a))
+    raise no_overload("@in", a, b)
+
+
+# -- standard functions -------------------------------------------------------------------------------------------
+def _size(act: Activation, a: Any) -> int:
+    if isinstance(a, str | bytes | list | dict):
+        return len(a)
+    raise no_overload("size", a)
+
+
+register("size", False, 1, INT)(_size)
+register("size", True, 1, INT)(_size)
+
+
+def _strings(name: str, *args: Any) -> None:
+    if not all(type(a) is str for a in args):
+        raise no_overload(name, *args)
+
+
+@register("contains", True, 2, BOOL)
+def _contains(act: Activation, s: Any, sub: Any) -> bool:
+    _strings("contains", s, sub)
+    act.charge(cost.traversal(len(s)))
+    return bool(sub in s)
+
+
+@register("startsWith", True, 2, BOOL)
+def _starts(act: Activation, s: Any, prefix: Any) -> bool:
+    _strings("startsWith", s, prefix)
+    act.charge(cost.traversal(len(prefix)))
+    return bool(s.startswith(prefix))
+
+
+@register("endsWith", True, 2, BOOL)
+def _ends(act: Activation, s: Any, suffix: Any) -> bool:
+    _strings("endsWith", s, suffix)
+    act.charge(cost.traversal(len(suffix)))
+    return bool(s.endswith(suffix))
+
+
+@lru_cache(maxsize=512)
+def compile_regex(pattern: str) -> Any:
+    """RE2 programs are cached: selectors reuse a handful of patterns across many devices."""
+    try:
+        return _re.compile(pattern)
+    except Exception as err:  # re2.error / re.error
+        raise EvalError(f"invalid regular expression {pattern!r}: {err}") from None
+
+
+def _matches(act: Activation, s: Any, pattern: Any) -> bool:
+    _strings("matches", s, pattern)
+    act.charge(cost.regex(len(s)))
+    return compile_regex(pattern).search(s) is not None
+
+
+register("matches", True, 2, BOOL)(_matches)
+register("matches", False, 2, BOOL)(_matches)
+
+
+@register("int", False, 1, INT)
+def _to_int(act: Activation, a: Any) -> int:
+    if isinstance(a, bool):
+        raise no_overload("int", a)
+    if isinstance(a, int):
+        return _check_int(int(a))
+    if isinstance(a, float):
+        if math.isnan(a) or not -(2.0**63) < a < 2.0**63:
+            raise EvalError("double is out of range of int")
+        return int(a)
+    if isinstance(a, str):
+        try:
+            return _check_int(int(a, 10))
+        except ValueError:
+            raise EvalError(f"cannot convert string {a!r} to int") from None
+    raise no_overload("int", a)
+
+
+@register("uint", False, 1, UINT)
+def _to_uint(act: Activation, a: Any) -> UInt:
+    if isinstance(a, bool):
+        raise no_overload("uint", a)
+    if isinstance(a, int):
+        return _check_uint(int(a))
+    if isinstance(a, float):
+        if math.isnan(a) or not -1 < a < 2.0**64:
+            raise EvalError("double is out of range of uint")
+        return UInt(int(a))
+    if isinstance(a, str):
+        try:
+            return _check_uint(int(a, 10))
+        except ValueError:
+            raise EvalError(f"cannot convert string {a!r} to uint") from None
+    raise no_overload("uint", a)
+
+
+@register("double", False, 1, DOUBLE)
+def _to_double(act: Activation, a: Any) -> float:
+    if is_number(a):
+        return float(a)
+    if isinstance(a, str):
+        try:
+            return float(a)
+        except ValueError:
+            raise EvalError(f"cannot convert string {a!r} to double") from None
+    raise no_overload("double", a)
+
+
+def format_double(value: float) -> str:
+    """Go's strconv.FormatFloat(v, 'g', -1, 64) spelling, which cel-go's string(double) uses."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    text = repr(value)
+    if "e" in text:
+        mantissa, exp = text.split("e")
+        sign = "-" if exp.startswith("-") else "+"
+        text = f"{mantissa.removesuffix('.0')}e{sign}{abs(int(exp)):02d}"
+    return text.removesuffix(".0")
+
+
+@register("string", False, 1, STRING)
+def _to_string(act: Activation, a: Any) -> str:
+    if isinstance(a, bool):
+        return "true" if a else "false"
+    if isinstance(a, int):
+        return str(int(a))
+    if isinstance(a, float):
+        return format_double(a)
+    if isinstance(a, str):
+        return a
+    if isinstance(a, bytes):
+        try:
+            return a.decode("utf-8")
+        except UnicodeDecodeError:
+            raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
+    raise no_overload("string", a)
+
+
+@register("bytes", False, 1, BYTES)
+def _to_bytes(act: Activation, a: Any) -> bytes:
+    if isinstance(a, bytes):
+        return a
+    if isinstance(a, str):
+        return a.encode("utf-8")
+    raise no_overload("bytes", a)
+
+
+@register("bool", False, 1, BOOL)
+def _to_bool(act: Activation, a: Any) -> bool:
+    if isinstance(a, bool):
+        return a
+    if isinstance(a, str):
+        if a in ("1", "t", "T", "true", "TRUE", "True"):
+            return True
+        if a in ("0", "f", "F", "false", "FALSE", "False"):
+            return False
+        raise EvalError(f"type conversion error from 'string' to 'bool': {a!r}")
+    raise no_overload("bool", a)
+
+
+@register("type", False, 1, TYPE)
+def _type(act: Activation, a: Any) -> CelType:
+    return CelType(type_name(a))
+
+
+@register("dyn", False, 1)
+def _dyn(act: Activation, a: Any) -> Any:
+    return a
+
+
+# -- optional types (cel-go OptionalTypes) ------------------------------------------------------------------------
+@register("optional.of", False, 1)
+def _opt_of(act: Activation, a: Any) -> Optional:
+    return Optional(True, a)
+
+
+@register("optional.none", False, 0)
+def _opt_none(act: Activation) -> Optional:
+    return NONE
+
+
+@register("optional.ofNonZeroValue", False, 1)
+def _opt_nonzero(act: Activation, a: Any) -> Optional:
+    zero = a is None or a is False or (is_number(a) and a == 0) or (isinstance(a, str | bytes | list | dict) and not a)
+    return NONE if zero else Optional(True, a)
+
+
+def _optional(name: str, *args: Any) -> Optional:
+    if not isinstance(args[0], Optional):
+        raise no_overload(name, *args)
+    return args[0]
+
+
+@register("hasValue", True, 1, BOOL)
+def _has_value(act: Activation, o: Any) -> bool:
+    return _optional("hasValue", o).has_value
+
+
+@register("value", True, 1)
+def _value(act: Activation, o: Any) -> Any:
+    opt = _optional("value", o)
+    if not opt.has_value:
+        raise EvalError("optional.none() dereference")
+    return opt.value
+
+
+@register("orValue", True, 2)
+def _or_value(act: Activation, o: Any, default: Any) -> Any:
+    opt = _optional("orValue", o, default)
+    return opt.value if opt.has_value else default
+
+
+@register("or", True, 2)
+def _or(act: Activation, o: Any, other: Any) -> Any:
+    opt = _optional("or", o, other)
+    if not isinstance(other, Optional):
+        raise no_overload("or", o, other)
+    return opt if opt.has_value else other
+
+
+# -- ext.Strings (version 2) --------------------------------------------------------------------------------------
+@register("charAt", True, 2, STRING)
+def _char_at(act: Activation, s: Any, i: Any) -> str:
+    if type(s) is not str or type(i) is not int:
+        raise no_overload("charAt", s, i)
+    if not 0 <= i <= len(s):
+        raise EvalError(f"index out of range: {i}")
+    return s[i : i + 1]
+
+
+def _index_of(name: str, act: Activation, s: Any, sub: Any, offset: Any, last: bool) -> int:
+    if isinstance(s, list):  # k8s lists library: list.indexOf(x) / lastIndexOf(x)
+        act.charge(cost.traversal(len(s)))
+        positions = range(len(s) - 1, -1, -1) if last else range(len(s))
+        return next((i for i in positions if cel_equal(s[i], sub)), -1)
+    if type(s) is not str or type(sub) is not str or (offset is not None and type(offset) is not int):
+        raise no_overload(name, s, sub)
+    act.charge(cost.traversal(len(s)))
+    if offset is None:
+        return s.rfind(sub) if last else s.find(sub)
+    if not 0 <= offset < max(len(s), 1):
+        raise EvalError(f"index out of range: {offset}")
+    return s.rfind(sub, 0, offset + len(sub)) if last else s.find(sub, offset)
+
+
+@register("indexOf", True, 2, INT)
+def _index_of2(act: Activation, s: Any, sub: Any) -> int:
+    return _index_of("indexOf", act, s, sub, None, False)
+
+
+@register("indexOf", True, 3, INT)
+def _index_of3(act: Activation, s: Any, sub: Any, offset: Any) -> int:
+    return _index_of("indexOf", act, s, sub, offset, False)
+
+
+@register("lastIndexOf", True, 2, INT)
+def _last_index_of2(act: Activation, s: Any, sub: Any) -> int:
+    return _index_of("lastIndexOf", act, s, sub, None, True)
+
+
+@register("lastIndexOf", True, 3, INT)
+def _last_index_of3(act: Activation, s: Any, sub: Any, offset: Any) -> int:
+    return _index_of("lastIndexOf", act, s, sub, offset, True)
+
+
+def _ascii_case(s: str, upper: bool) -> str:
+    # Only ASCII letters change, unlike str.lower(), matching cel-go's lowerAscii/upperAscii.
+    table = _UPPER if upper else _LOWER
+    return s.translate(table)
+
+
+_LOWER: Final = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_UPPER: Final = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@register("lowerAscii", True, 1, STRING)
+def _lower(act: Activation, s: Any) -> str:
+    _strings("lowerAscii", s)
+    act.charge(cost.traversal(len(s)))
+    return _ascii_case(s, False)
+
+
+@register("upperAscii", True, 1, STRING)
+def _upper(act: Activation, s: Any) -> str:
+    _strings("upperAscii", s)
+    act.charge(cost.traversal(len(s)))
+    return _ascii_case(s, True)
+
+
+def _replace(act: Activation, s: Any, old: Any, new: Any, n: Any = -1) -> str:
+    if not (type(s) is str and type(old) is str and type(new) is str and type(n) is int):
+        raise no_overload("replace", s, old, new)
+    act.charge(cost.traversal(len(s)))
+    return str(s.replace(old, new, n if n >= 0 else -1))
+
+
+register("replace", True, 3, STRING)(_replace)
+register("replace", True, 4, STRING)(_replace)
+
+
+def _split(act: Activation, s: Any, sep: Any, n: Any = -1) -> list[str]:
+    if not (type(s) is str and type(sep) is str and type(n) is int):
+        raise no_overload("split", s, sep)
+    act.charge(cost.traversal(len(s)))
+    if n == 0:
+        return []
+    if sep == "":  # Go's strings.SplitN with an empty separator splits into code points
+        chars = list(s)
+        return chars if n < 0 or n >= len(chars) else [*chars[: n - 1], "".join(chars[n - 1 :])]
+    return list(s.split(sep, n - 1 if n > 0 else -1))
+
+
+register("split", True, 2, LIST_STRING)(_split)
+register("split", True, 3, LIST_STRING)(_split)
+
+
+def _substring(act: Activation, s: Any, start: Any, end: Any = None) -> str:
+    if type(s) is not str or type(start) is not int or (end is not None and type(end) is not int):
+        raise no_overload("substring", s, start)
+    stop = len(s) if end is None else end
+    if not 0 <= start <= len(s):
+        raise EvalError(f"index out of range: {start}")
+    if not 0 <= stop <= len(s):
+        raise EvalError(f"index out of range: {stop}")
+    if start > stop:
+        raise EvalError(f"invalid substring range. start: {start}, end: {stop}")
+    return s[start:stop]
+
+
+register("substring", True, 2, STRING)(_substring)
+register("substring", True, 3, STRING)(_substring)
+
+
+@register("trim", True, 1, STRING)
+def _trim(act: Activation, s: Any) -> str:
+    _strings("trim", s)
+    act.charge(cost.traversal(len(s)))
+    return str(s.strip())
+
+
+def _join(act: Activation, items: Any, sep: Any = "") -> str:
+    if not isinstance(items, list) or type(sep) is not str or not all(type(x) is str for x in items):
+        raise no_overload("join", items, sep)
+    act.charge(cost.traversal(sum(len(x) for x in items)))
+    return str(sep.join(items))
+
+
+register("join", True, 1, STRING)(_join)
+register("join", True, 2, STRING)(_join)
+
+
+@register("strings.quote", False, 1, STRING)
+def _quote(act: Activation, s: Any) -> str:
+    _strings("strings.quote", s)
+    escaped = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped.replace(chr(13), chr(92) + "r")}"'
+
+
+@register("format", True, 2, STRING)
+def _format(act: Activation, fmt: Any, args: Any) -> str:
+    """`"%s has %d".format([a, b])`: the verbs %s %d %f %.Nf %e %x %X %o %b %%."""
+    if type(fmt) is not str or not isinstance(args, list):
+        raise no_overload("format", fmt, args)
+    out: list[str] = []
+    i, argi = 0, 0
+    while i < len(fmt):
+        ch = fmt[i]
+        if ch != "%":
+            out.append(ch)
+            i += 1
+            continue
+        j = i + 1
+        precision: int | None = None
+        if j < len(fmt) and fmt[j] == ".":
+            k = j + 1
+            while k < len(fmt) and fmt[k].isdigit():
+                k += 1
+            precision, j = int(fmt[j + 1 : k] or 0), k
+        if j >= len(fmt):
+            raise EvalError("unterminated format verb")
+        verb = fmt[j]
+        i = j + 1
+        if verb == "%":
+            out.append("%")
+            continue
+        if argi >= len(args):
+            raise EvalError(f"index {argi} out of range")
+        out.append(_format_verb(act, verb, args[argi], precision))
+        argi += 1
+    return "".join(out)
+
+
+def _format_verb(act: Activation, verb: str, arg: Any, precision: int | None) -> str:
+    if verb == "s":
+        if isinstance(arg, list):
+            return "[" + ", ".join(_format_verb(act, "s", x, None) for x in arg) + "]"
+        if arg is None:
+            return "null"
+        if isinstance(arg, Quantity | Semver):
+            raise EvalError(f"error during formatting: unsupported type {type_name(arg)} for %s")
+        return str(_to_string(act, arg))
+    if verb == "d" and isinstance(arg, int) and not isinstance(arg, bool):
+        return str(int(arg))
+    if verb in "fe" and is_number(arg):
+        return f"{float(arg):.{6 if precision is None else precision}{verb}}"
+    if verb in "xXob" and isinstance(arg, int | str | bytes) and not isinstance(arg, bool):
+        if isinstance(arg, int):
+            return format(int(arg), verb)
+        data = arg.encode() if isinstance(arg, str) else arg
+        return data.hex() if verb == "x" else data.hex().upper()
+    raise EvalError(f"error during formatting: unrecognized formatting clause or argument for verb %{verb}")
+
+
+# -- k8s Regex library --------------------------------------------------------------------------------------------
+@register("find", True, 2, STRING)
+def _find(act: Activation, s: Any, pattern: Any) -> str:
+    _strings("find", s, pattern)
+    act.charge(cost.regex(len(s)))
+    match = compile_regex(pattern).search(s)
+    return str(match.group(0)) if match else ""
+
+
+def _find_all(act: Activation, s: Any, pattern: Any, n: Any = -1) -> list[str]:
+    if type(s) is not str or type(pattern) is not str or type(n) is not int:
+        raise no_overload("findAll", s, pattern)
+    act.charge(cost.regex(len(s)))
+    found = [str(m.group(0)) for m in compile_regex(pattern).finditer(s)]
+    return found if n < 0 else found[:n]
+
+
+register("findAll", True, 2, LIST_STRING)(_find_all)
+register("findAll", True, 3, LIST_STRING)(_find_all)
+
+
+# -- ext.Lists (v3) and the k8s Lists library ---------------------------------------------------------------------
+def _list(name: str, *args: Any) -> list[Any]:
+    if not isinstance(args[0], list):
+        raise no_overload(name, *args)
+    return args[0]
+
+
+@register("slice", True, 3)
+def _slice(act: Activation, items: Any, start: Any, end: Any) -> list[Any]:
+    seq = _list("slice", items, start, end)
+    if type(start) is not int or type(end) is not int:
+        raise no_overload("slice", items, start, end)
+    if start < 0 or end < 0:
+        raise EvalError(f"cannot slice({start}, {end}), negative indexes not supported")
+    if start > end:
+        raise EvalError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
+    if end > len(seq):
+        raise EvalError(f"cannot slice({start}, {end}), list is length {len(seq)}")
+    return seq[start:end]
+
+
+def _flatten(act: Activation, items: Any, depth: Any = 1) -> list[Any]:
+    seq = _list("flatten", items)
+    if type(depth) is not int:
+        raise no_overload("flatten", items, depth)
+    if depth < 0:
+        raise EvalError("level must be non-negative")
+    out: list[Any] = []
+    for item in seq:
+        if isinstance(item, list) and depth > 0:
+            out.extend(_flatten(act, item, depth - 1))
+        else:
+            out.append(item)
+    act.charge(cost.traversal(len(out)))
+    return out
+
+
+register("flatten", True, 1)(_flatten)
+register("flatten", True, 2)(_flatten)
+
+
+@register("lists.range", False, 1, LIST_INT)
+def _range(act: Activation, n: Any) -> list[int]:
+    if type(n) is not int:
+        raise no_overload("lists.range", n)
+    act.charge(cost.traversal(max(n, 0)))
+    return list(range(n))
+
+
+@register("distinct", True, 1)
+def _distinct(act: Activation, items: Any) -> list[Any]:
+    seq = _list("distinct", items)
+    act.charge(len(seq))
+    out: list[Any] = []
+    for item in seq:
+        if not any(cel_equal(item, seen) for seen in out):
+            out.append(item)
+    return out
+
+
+@register("reverse", True, 1)
+def _reverse(act: Activation, items: Any) -> list[Any]:
+    return list(reversed(_list("reverse", items)))
+
+
+def _sort_key_check(name: str, seq: list[Any]) -> None:
+    kinds = {type(x) for x in seq}
+    numeric = all(is_number(x) for x in seq)
+    if not numeric and (len(kinds) > 1 or (kinds and next(iter(kinds)) not in (str, bytes, bool, int, float, UInt))):
+        raise EvalError(f"{name}: list elements must have the same comparable type")
+
+
+@register("sort", True, 1)
+def _sort(act: Activation, items: Any) -> list[Any]:
+    seq = _list("sort", items)
+    _sort_key_check("sort", seq)
+    act.charge(cost.traversal(len(seq) * max(1, len(seq).bit_length())))
+    return sorted(seq)
+
+
+@register("first", True, 1)
+def _first(act: Activation, items: Any) -> Optional:
+    seq = _list("first", items)
+    return Optional(True, seq[0]) if seq else NONE
+
+
+@register("last", True, 1)
+def _last(act: Activation, items: Any) -> Optional:
+    seq = _list("last", items)
+    return Optional(True, seq[-1]) if seq else NONE
+
+
+@register("isSorted", True, 1, BOOL)
+def _is_sorted(act: Activation, items: Any) -> bool:
+    seq = _list("isSorted", items)
+    _sort_key_check("isSorted", seq)
+    act.charge(cost.traversal(len(seq)))
+    return all(a <= b for a, b in itertools.pairwise(seq))
+
+
+@register("sum", True, 1)
+def _sum(act: Activation, items: Any) -> Any:
+    seq = _list("sum", items)
+    act.charge(cost.traversal(len(seq)))
+    if not seq:
+        return 0
+    total = seq[0]
+    for item in seq[1:]:
+        total = _add(act, total, item)
+    return total
+
+
+def _extreme(name: str, act: Activation, items: Any, want: int) -> Any:
+    seq = _list(name, items)
+    if not seq:
+        raise EvalError(f"{name}: list must not be empty")
+    act.charge(cost.traversal(len(seq)))
+    best = seq[0]
+    for item in seq[1:]:
+        if _ordered(name, act, item, best) == want:
+            best = item
+    return best
+
+
+@register("min", True, 1)
+def _min(act: Activation, items: Any) -> Any:
+    return _extreme("min", act, items, -1)
+
+
+@register("max", True, 1)
+def _max(act: Activation, items: Any) -> Any:
+    return _extreme("max", act, items, 1)
+
+
+@register("includes", True, 2, BOOL)
+def _includes(act: Activation, attr: Any, value: Any) -> bool:
+    """1.36+ DRA `includes()`: a scalar attribute equals the value, or a list attribute contains it."""
+    if isinstance(attr, list):
+        if len(attr) > 48:  # ResourceSliceMaxAttributeValuesPerDevice
+            raise EvalError(f"includes: list has {len(attr)} elements, more than the 48 allowed")
+        act.charge(cost.traversal(len(attr)))
+        return any(cel_equal(item, value) for item in attr)
+    return cel_equal(attr, value)
+
+
+# -- ext.Sets -----------------------------------------------------------------------------------------------------
+def _sets(name: str, act: Activation, a: Any, b: Any) -> tuple[list[Any], list[Any]]:
+    if not isinstance(a, list) or not isinstance(b, list):
+        raise no_overload(name, a, b)
+    act.charge(cost.traversal(len(a) * max(len(b), 1)))
+    return a, b
+
+
+@register("sets.contains", False, 2, BOOL)
+def _sets_contains(act: Activation, a: Any, b: Any) -> bool:
+    left, right = _sets("sets.contains", act, a, b)
+    return all(any(cel_equal(x, y) for y in left) for x in right)
+
+
+@register("sets.equivalent", False, 2, BOOL)
+def _sets_equivalent(act: Activation, a: Any, b: Any) -> bool:
+    return bool(_sets_contains(act, a, b) and _sets_contains(act, b, a))
+
+
+@register("sets.intersects", False, 2, BOOL)
+def _sets_intersects(act: Activation, a: Any, b: Any) -> bool:
+    left, right = _sets("sets.intersects", act, a, b)
+    return any(any(cel_equal(x, y) for y in left) for x in right)
+
+
+# -- k8s Semver library -------------------------------------------------------------------------------------------
+def _semver(act: Activation, s: Any, normalize: Any = False) -> Semver:
+    if type(s) is not str or type(normalize) is not bool:
+        raise no_overload("semver", s, normalize)
+    return parse_semver(s, normalize)
+
+
+register("semver", False, 1, SEMVER)(_semver)
+register("semver", False, 2, SEMVER)(_semver)
+
+
+def _is_semver(act: Activation, s: Any, normalize: Any = False) -> bool:
+    if type(s) is not str or type(normalize) is not bool:
+        raise no_overload("isSemver", s, normalize)
+    return Semver.valid(s, normalize)
+
+
+register("isSemver", False, 1, BOOL)(_is_semver)
+register("isSemver", False, 2, BOOL)(_is_semver)
+
+
+def _semver_part(name: str) -> Impl:
+    def part(act: Activation, v: Any) -> int:
+        if not isinstance(v, Semver):
+            raise no_overload(name, v)
+        return int(getattr(v, name))
+
+    return part
+
+
+for _part in ("major", "minor", "patch"):
+    register(_part, True, 1, INT)(_semver_part(_part))
+
+
+def _compare(name: str, a: Any, b: Any) -> int:
+    """compareTo for Semver and Quantity; both operands must have the same type."""
+    if isinstance(a, Semver) and isinstance(b, Semver):
+        return a.compare(b)
+    if isinstance(a, Quantity) and isinstance(b, Quantity):
+        return a.compare(b)
+    raise no_overload(name, a, b)
+
+
+@register("compareTo", True, 2, INT)
+def _compare_to(act: Activation, a: Any, b: Any) -> int:
+    return _compare("compareTo", a, b)
+
+
+@register("isGreaterThan", True, 2, BOOL)
+def _is_greater(act: Activation, a: Any, b: Any) -> bool:
+    return _compare("isGreaterThan", a, b) == 1
+
+
+@register("isLessThan", True, 2, BOOL)
+def _is_less(act: Activation, a: Any, b: Any) -> bool:
+    return _compare("isLessThan", a, b) == -1
+
+
+# -- k8s Quantity library -----------------------------------------------------------------------------------------
+@register("quantity", False, 1, QUANTITY)
+def _quantity(act: Activation, s: Any) -> Quantity:
+    _strings("quantity", s)
+    return Quantity.parse(s)
+
+
+@register("isQuantity", False, 1, BOOL)
+def _is_quantity(act: Activation, s: Any) -> bool:
+    _strings("isQuantity", s)
+    try:
+        parse_quantity(s)
+    except QuantityError:
+        return False
+    return True
+
+
+def _qty(name: str, *args: Any) -> Quantity:
+    if not isinstance(args[0], Quantity):
+        raise no_overload(name, *args)
+    return args[0]
+
+
+@register("sign", True, 1, INT)
+def _sign(act: Activation, q: Any) -> int:
+    return _qty("sign", q).sign()
+
+
+@register("isInteger", True, 1, BOOL)
+def _is_integer(act: Activation, q: Any) -> bool:
+    return _qty("isInteger", q).is_integer()
+
+
+@register("asInteger", True, 1, INT)
+def _as_integer(act: Activation, q: Any) -> int:
+    return _qty("asInteger", q).as_integer()
+
+
+@register("asApproximateFloat", True, 1, DOUBLE)
+def _as_float(act: Activation, q: Any) -> float:
+    return _qty("asApproximateFloat", q).as_float()
+
+
+def _arith(name: str, q: Any, other: Any) -> tuple[Quantity, Quantity | int]:
+    qty = _qty(name, q, other)
+    if isinstance(other, Quantity) or (type(other) is int):
+        return qty, other
+    raise no_overload(name, q, other)
+
+
+@register("add", True, 2, QUANTITY)
+def _qty_add(act: Activation, q: Any, other: Any) -> Quantity:
+    qty, rhs = _arith("add", q, other)
+    return qty.add(rhs)
+
+
+@register("sub", True, 2, QUANTITY)
+def _qty_sub(act: Activation, q: Any, other: Any) -> Quantity:
+    qty, rhs = _arith("sub", q, other)
+    return qty.sub(rhs)
+
+
+# Pure constructors that the compiler may run once when all arguments are constants (only if that succeeds:
+# a bad literal stays a runtime error, as in cel-go).
+FOLDABLE: Final = frozenset({"quantity", "semver", "isQuantity", "isSemver"})
+
+# Functions whose static result is the receiver's type (a list keeps its element type).
+SAME_AS_RECEIVER: Final = frozenset({"slice", "distinct", "reverse", "sort"})

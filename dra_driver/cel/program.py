@@ -1,0 +1,141 @@
+"""`compile_selector` and `Selector`: compile caching, evaluation, memoisation.
+
+Compiled selectors are kept in an LRU keyed by expression text (like cel-go's `cel.NewCache`), compile errors
+included. Each selector memoises results keyed only by the device values it can read (`keys.py`), so identical
+devices across a fleet of nodes are evaluated once; errors are memoised too, as evaluation is deterministic.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Final
+
+from dra_driver.cel import cost
+from dra_driver.cel.device import CelDevice
+from dra_driver.cel.errors import CelCompileError, CelRuntimeError, CostLimitExceeded, EvalError
+from dra_driver.cel.interpreter import VARIABLES, Compiler, Fn
+from dra_driver.cel.keys import KeyPlan, plan_keys
+from dra_driver.cel.parser import parse
+from dra_driver.cel.types import BOOL, DYN
+from dra_driver.cel.values import type_name
+
+MAX_EXPRESSION_LENGTH: Final = 10 * 1024  # resourceapi.CELSelectorExpressionMaxLength
+COMPILE_CACHE_SIZE: Final = 1024
+MEMO_SIZE: Final = 16384
+
+
+class Selector:
+    """A compiled device selector."""
+
+    def __init__(self, expression: str, fn: Fn, keys: KeyPlan, cost_limit: int = cost.MAX_COST) -> None:
+        self.expression = expression
+        self._fn = fn
+        self._keys = keys
+        self._memo: dict[Any, bool | str] = {}
+        self._lock = threading.Lock()
+        self.cost_limit = cost_limit
+        self.evaluations = 0  # real evaluations; memo hits do not count
+        self.memo_hits = 0
+        self.last_cost = 0
+
+    def matches(self, device: CelDevice) -> bool:
+        """True/False, or `CelRuntimeError` (missing key, overflow, non-bool result, cost limit...)."""
+        key = self._keys.key(device)
+        cached = self._memo.get(key)  # a plain dict read is atomic under the GIL; writes take the lock
+        if cached is None:
+            cached = self._evaluate(device)
+            with self._lock:
+                self._memo[key] = cached
+                if len(self._memo) > MEMO_SIZE:  # bounded, oldest first
+                    del self._memo[next(iter(self._memo))]
+        else:
+            self.memo_hits += 1
+        if cached is True or cached is False:
+            return cached
+        raise CelRuntimeError(cached)
+
+    def evaluate(self, device: CelDevice) -> bool:
+        """Like `matches` without the memo (for benchmarks and tests)."""
+        result = self._evaluate(device)
+        if isinstance(result, str):
+            raise CelRuntimeError(result)
+        return result
+
+    def _evaluate(self, device: CelDevice) -> bool | str:
+        """The result, or the error message as a string (so that it can be memoised)."""
+        self.evaluations += 1
+        act = cost.Activation({"device": device.cel_value()}, self.cost_limit)
+        try:
+            result = self._fn(act)
+        except CostLimitExceeded as err:
+            return err.message
+        except EvalError as err:
+            return err.message
+        except RecursionError:
+            return "max recursion depth exceeded"
+        except (ArithmeticError, TypeError, ValueError, OverflowError) as err:  # defensive: never leak
+            return f"internal evaluation error: {err}"
+        finally:
+            self.last_cost = act.cost
+        if act.cost > self.cost_limit:
+            return CostLimitExceeded().message
+        if type(result) is not bool:
+            name = type_name(result)
+            detail = f"type conversion error from '{name}' to 'bool'"
+            return f"CEL result of type {name} could not be converted to bool: {detail}"
+        return result
+
+    def clear_memo(self) -> None:
+        with self._lock:
+            self._memo.clear()
+
+
+_cache: OrderedDict[str, Selector | CelCompileError] = OrderedDict()
+_cache_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0}
+
+
+def compile_selector(expression: str) -> Selector:
+    """Compile (or fetch from the LRU) a DRA device selector; raises `CelCompileError`."""
+    with _cache_lock:
+        entry = _cache.get(expression)
+        if entry is not None:
+            _cache.move_to_end(expression)
+            _stats["hits"] += 1
+    if entry is None:
+        _stats["misses"] += 1
+        entry = _compile(expression)
+        with _cache_lock:
+            _cache[expression] = entry
+            if len(_cache) > COMPILE_CACHE_SIZE:
+                _cache.popitem(last=False)
+    if isinstance(entry, CelCompileError):
+        raise CelCompileError(str(entry))  # a fresh exception: cached ones must not accumulate tracebacks
+    return entry
+
+
+def cache_info() -> dict[str, int]:
+    return {**_stats, "size": len(_cache), "maxsize": COMPILE_CACHE_SIZE}
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+        _stats.update(hits=0, misses=0)
+
+
+def _compile(expression: str) -> Selector | CelCompileError:
+    size = len(expression.encode("utf-8"))
+    if size > MAX_EXPRESSION_LENGTH:
+        return CelCompileError(f"expression too long: {size} bytes, may not be more than {MAX_EXPRESSION_LENGTH}")
+    try:
+        tree = parse(expression)
+        fn, result_type = Compiler(expression).compile(tree, dict(VARIABLES))
+    except CelCompileError as err:
+        return CelCompileError(f"compilation failed: {err}")
+    except RecursionError:
+        return CelCompileError("compilation failed: expression nesting exceeds the supported depth")
+    if result_type not in (BOOL, DYN):
+        return CelCompileError(f"must evaluate to bool or the unknown type, not {result_type}")
+    return Selector(expression, fn, plan_keys(tree))

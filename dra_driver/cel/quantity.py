@@ -1,0 +1,127 @@
+"""Kubernetes `resource.Quantity` with exact arithmetic (the `kubernetes.Quantity` CEL type).
+
+Values are `fractions.Fraction`s so `1Gi == 1024Mi` and `0.1 + 0.2 == 0.3` hold exactly, as with Go's inf.Dec.
+Parsing follows apimachinery's ParseQuantity: decimal SI, binary SI and e-notation suffixes, non-zero values
+rounded *up* (away from zero) to 1n, binary-suffixed magnitudes capped at 2^63-1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from functools import lru_cache
+from typing import Final
+
+from dra_driver.cel.errors import EvalError
+
+_QUANTITY_RE: Final = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+FORMAT_MESSAGE: Final = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+_DECIMAL: Final = {"": 0, "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_NANO: Final = Fraction(1, 10**9)
+_MAX: Final = Fraction(2**63 - 1)
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
+class QuantityError(ValueError):
+    """Raised by `parse_quantity` with apimachinery's error text."""
+
+
+def _multiplier(suffix: str) -> Fraction:
+    if suffix in _DECIMAL:
+        return Fraction(10) ** _DECIMAL[suffix]
+    if suffix in _BINARY:
+        return Fraction(2 ** _BINARY[suffix])
+    exp = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
+    if exp is None:
+        raise QuantityError("unable to parse quantity's suffix")
+    return Fraction(10) ** int(exp.group(1))
+
+
+def parse_quantity(text: str) -> Fraction:
+    """The exact value of a quantity string, or `QuantityError`."""
+    match = _QUANTITY_RE.match(text)
+    if match is None:
+        raise QuantityError(FORMAT_MESSAGE)
+    number, suffix = match.group(1), match.group(2)
+    digits = number.lstrip("+-")
+    # The regex lets "1.2.3" or "." through; apimachinery rejects them while scanning digits.
+    if digits.count(".") > 1 or digits.strip(".") == "":
+        raise QuantityError(FORMAT_MESSAGE)
+    # A sign inside the suffix is only legal as an exponent sign ("1e-3"), not e.g. "1Ki-3".
+    value = Fraction(digits if not digits.endswith(".") else digits[:-1]) * _multiplier(suffix)
+    negative = number.startswith("-")
+    if value != 0:
+        value = math.ceil(value / _NANO) * _NANO  # round up to 1n, like ParseQuantity
+    if suffix in _BINARY:
+        value = min(value, _MAX)  # apimachinery caps only BinarySI amounts at 2^63-1
+    return -value if negative else value
+
+
+class Quantity:
+    """An immutable quantity; `text` keeps the source spelling for messages."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, value: Fraction, text: str | None = None) -> None:
+        self.value = value
+        self.text = text if text is not None else _format(value)
+
+    @staticmethod
+    def parse(text: str) -> Quantity:
+        try:
+            return _parse_cached(text)
+        except QuantityError as err:
+            raise EvalError(str(err)) from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Quantity) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"quantity({self.text!r})"
+
+    def compare(self, other: Quantity) -> int:
+        return (self.value > other.value) - (self.value < other.value)
+
+    def sign(self) -> int:
+        return (self.value > 0) - (self.value < 0)
+
+    def is_integer(self) -> bool:
+        """apimachinery AsInt64: an integral value that fits in int64."""
+        return self.value.denominator == 1 and _INT64_MIN <= self.value.numerator <= _INT64_MAX
+
+    def as_integer(self) -> int:
+        if not self.is_integer():
+            raise EvalError("cannot convert value to integer")
+        return self.value.numerator
+
+    def as_float(self) -> float:
+        return float(self.value)
+
+    def add(self, other: Quantity | int) -> Quantity:
+        return Quantity(self.value + (other.value if isinstance(other, Quantity) else other))
+
+    def sub(self, other: Quantity | int) -> Quantity:
+        return Quantity(self.value - (other.value if isinstance(other, Quantity) else other))
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> Quantity:
+    """Quantities are immutable, so one object per spelling can be shared (exceptions are not cached)."""
+    return Quantity(parse_quantity(text), text)
+
+
+def _format(value: Fraction) -> str:
+    """A readable spelling for computed values (messages only; not apimachinery's canonical form)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    for suffix, exp in (("m", 3), ("u", 6), ("n", 9)):
+        scaled = value * 10**exp
+        if scaled.denominator == 1:
+            return f"{scaled.numerator}{suffix}"
+    return str(float(value))

@@ -1,0 +1,167 @@
+"""CEL runtime values as Python objects, CEL equality, and CEL type names.
+
+int → int, uint → `UInt`, double → float, bool → bool, string → str, bytes → bytes, null → None, list → list,
+map → dict, optional → `Optional`, type → `CelType`; Kubernetes' Quantity and Semver are their own classes.
+`bool` is a Python `int` subclass, so every check below tests `bool` first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from dra_driver.cel.quantity import Quantity
+from dra_driver.cel.semver import Semver
+
+
+class UInt(int):
+    """A CEL uint: distinct from int for type(), overloads and equality with negative ints."""
+
+    __slots__ = ()
+
+
+class CelType:
+    """A value of CEL type `type`, e.g. the result of `type(1)`."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CelType) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Optional:
+    """cel-go's optional_type: `optional.of(v)` or `optional.none()`."""
+
+    __slots__ = ("has_value", "value")
+
+    def __init__(self, has_value: bool, value: Any = None) -> None:
+        self.has_value, self.value = has_value, value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Optional) or other.has_value != self.has_value:
+            return False
+        return not self.has_value or cel_equal(self.value, other.value)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+NONE: Final = Optional(False)
+
+
+class DomainMap(dict[str, dict[str, Any]]):
+    """`device.attributes` / `device.capacity`: an unknown domain reads as an empty map (compile.go's Find)."""
+
+    def __missing__(self, key: str) -> dict[str, Any]:
+        return {}
+
+
+class Device:
+    """The `device` variable (`kubernetes.DRADevice` object type)."""
+
+    __slots__ = ("allowMultipleAllocations", "attributes", "capacity", "driver")
+    FIELDS: Final = ("driver", "attributes", "capacity", "allowMultipleAllocations")
+
+    def __init__(self, driver: str, attributes: DomainMap, capacity: DomainMap, allow_multiple: bool) -> None:
+        self.driver = driver
+        self.attributes = attributes
+        self.capacity = capacity
+        self.allowMultipleAllocations = allow_multiple
+
+
+def type_name(value: Any) -> str:
+    """The runtime type name cel-go prints (`ref.Val.Type().TypeName()`)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, UInt):
+        return "uint"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bytes):
+        return "bytes"
+    if value is None:
+        return "null_type"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "map"
+    if isinstance(value, Quantity):
+        return "kubernetes.Quantity"
+    if isinstance(value, Semver):
+        return "kubernetes.Semver"
+    if isinstance(value, Optional):
+        return "optional_type"
+    if isinstance(value, CelType):
+        return "type"
+    if isinstance(value, Device):
+        return "kubernetes.DRADevice"
+    return type(value).__name__
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def cel_equal(left: Any, right: Any) -> bool:
+    """Heterogeneous equality: different types are unequal (not an error); numbers compare across int/uint/double."""
+    if isinstance(left, bool) or isinstance(right, bool):
+        return isinstance(left, bool) and isinstance(right, bool) and left == right
+    if is_number(left) and is_number(right):
+        return bool(left == right)  # Python compares int/float exactly, as CrossTypeNumericComparisons requires
+    if type(left) is not type(right):
+        if isinstance(left, dict) and isinstance(right, dict):
+            pass  # DomainMap vs dict
+        else:
+            return False
+    if isinstance(left, list):
+        return len(left) == len(right) and all(cel_equal(a, b) for a, b in zip(left, right, strict=True))
+    if isinstance(left, dict):
+        if len(left) != len(right):
+            return False
+        for key, val in left.items():
+            other = _lookup(right, key)
+            if other is _MISSING or not cel_equal(val, other):
+                return False
+        return True
+    return bool(left == right)
+
+
+_MISSING: Final = object()
+
+
+def _lookup(mapping: dict[Any, Any], key: Any) -> Any:
+    """Map lookup honouring CEL key equality: bool keys never match numeric keys and vice versa."""
+    if isinstance(key, bool):
+        for k, v in mapping.items():
+            if isinstance(k, bool) and k == key:
+                return v
+        return _MISSING
+    if key in mapping:
+        for k, v in mapping.items():
+            if not isinstance(k, bool) and cel_equal(k, key):
+                return v
+    return _MISSING
+
+
+def map_get(mapping: dict[Any, Any], key: Any) -> Any:
+    """`_MISSING` when absent; the fast path covers string keys, the only kind DRA devices carry."""
+    if type(key) is str:
+        return mapping.get(key, _MISSING)  # .get() bypasses DomainMap.__missing__, so `in`/has() stay false
+    if isinstance(key, float) and not key.is_integer():
+        return _MISSING
+    return _lookup(mapping, key)
+
+
+def is_missing(value: Any) -> bool:
+    return value is _MISSING

@@ -1,0 +1,172 @@
+"""The `device` variable: name resolution, attribute types, unknown domains and keys (compile.go semantics)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+
+from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, compile_selector
+
+DRIVER = "gpu.example.com"
+DEV = CelDevice(
+    driver=DRIVER,
+    attributes={
+        "model": {"string": "H100"},
+        "cores": {"int": 132},
+        "mig": {"bool": True},
+        "driverVersion": {"version": "550.54.15"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:15"},
+        "other.com/x": {"int": 1},
+    },
+    capacity={"memory": "80Gi", "other.com/bandwidth": "100G"},
+    allowMultipleAllocations=True,
+)
+
+
+def ev(expr: str, device: CelDevice = DEV) -> bool:
+    return compile_selector(expr).matches(device)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        f'device.driver == "{DRIVER}"',
+        f'device.attributes["{DRIVER}"].model == "H100"',
+        f'device.attributes["{DRIVER}"].cores == 132 && device.attributes["{DRIVER}"].cores > 100',
+        f'device.attributes["{DRIVER}"].mig',
+        f'device.attributes["{DRIVER}"].driverVersion.isGreaterThan(semver("535.0.0"))',
+        f'device.attributes["{DRIVER}"].driverVersion.isLessThan(semver("550.100.0"))',
+        f'device.attributes["{DRIVER}"].driverVersion == semver("550.54.15")',
+        f'device.attributes["{DRIVER}"].driverVersion.major() == 550',
+        'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:15"',
+        'device.attributes["other.com"].x == 1',
+        f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) > 0',
+        f'device.capacity["{DRIVER}"].memory == quantity("81920Mi")',
+        'device.capacity["other.com"].bandwidth.isGreaterThan(quantity("10G"))',
+        "device.allowMultipleAllocations",
+        # unknown domain: an empty map, never an error
+        '!("x" in device.attributes) && !("nope.com" in device.capacity)',
+        'device.attributes["other.org"].size() == 0 && device.capacity["other.org"].size() == 0',
+        '!has(device.attributes["other.org"].foo)',
+        f'"{DRIVER}" in device.attributes && "model" in device.attributes["{DRIVER}"]',
+        f'has(device.attributes["{DRIVER}"].model) && !has(device.attributes["{DRIVER}"].nothere)',
+        f'device.attributes["{DRIVER}"].?nothere.orValue("none") == "none"',
+        f'device.attributes["{DRIVER}"].?model.orValue("none") == "H100"',
+        # unqualified names are *not* reachable under another key
+        '!("model" in device.attributes["other.com"])',
+        f'device.attributes["{DRIVER}"].size() == 4',
+        f'device.attributes.exists(d, d == "{DRIVER}")',
+        f'device.attributes["{DRIVER}"].model.lowerAscii().matches("^h1[0-9]0$")',
+        f'cel.bind(a, device.attributes["{DRIVER}"], a.cores * 2 == 264)',
+    ],
+)
+def test_device_expressions(expr: str) -> None:
+    assert ev(expr) is True
+
+
+def test_unknown_key_in_known_domain_is_a_runtime_error() -> None:
+    with pytest.raises(CelRuntimeError, match="no such key: nothere"):
+        ev(f'device.attributes["{DRIVER}"].nothere == "x"')
+    with pytest.raises(CelRuntimeError, match="no such key: speed"):
+        ev(f'device.capacity["{DRIVER}"].speed.isGreaterThan(quantity("1"))')
+    # it is not treated as false, even under a negation
+    with pytest.raises(CelRuntimeError, match="no such key"):
+        ev(f'!(device.attributes["{DRIVER}"].nothere == "x")')
+    # ...but a decisive && operand absorbs it, as in cel-go
+    assert ev(f'device.attributes["{DRIVER}"].nothere == "x" && false') is False
+
+
+def test_unknown_domain_then_unknown_key_is_an_error() -> None:
+    with pytest.raises(CelRuntimeError, match="no such key: foo"):
+        ev('device.attributes["other.org"].foo == 1')
+
+
+def test_device_fields_are_checked_at_compile_time() -> None:
+    with pytest.raises(CelCompileError, match="undefined field 'name'"):
+        compile_selector('device.name == "gpu-0"')
+    # capacity values are Quantity: comparing them with an int is a compile error
+    with pytest.raises(
+        CelCompileError, match=r"found no matching overload for '_>_' applied to '\(kubernetes.Quantity, int\)'"
+    ):
+        compile_selector(f'device.capacity["{DRIVER}"].memory > 1')
+
+
+def test_invalid_version_attribute_is_an_error() -> None:
+    bad = CelDevice(driver=DRIVER, attributes={"v": {"version": "1.2"}})
+    with pytest.raises(CelRuntimeError, match="parse semantic version"):
+        ev("true", bad)
+
+
+def test_attribute_must_have_exactly_one_value() -> None:
+    bad = CelDevice(driver=DRIVER, attributes={"v": {"int": 1, "string": "a"}})
+    with pytest.raises(CelRuntimeError, match="exactly one value"):
+        ev("true", bad)
+
+
+def test_allow_multiple_allocations_defaults_to_false() -> None:
+    dev = CelDevice(driver=DRIVER)
+    assert dev.allow_multiple_allocations is False
+    assert ev("!device.allowMultipleAllocations", dev)
+    assert CelDevice.model_validate({"driver": DRIVER, "allowMultipleAllocations": True}).allow_multiple_allocations
+
+
+def test_device_model_is_frozen() -> None:
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's ValidationError for frozen instances
+        DEV.driver = "x"  # type: ignore[misc]
+
+
+def _sim_devices() -> list[tuple[str, dict[str, Any]]]:
+    from dra_driver.nvml.discovery import discover
+    from dra_driver.simulator.nvml import SimulatedNvml
+    from dra_driver.slices.builder import build_slices
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = SimulatedNvml("dgx-h100", tmp)
+        slices = build_slices(discover(sim, sim.sysfs_root), node_name="n")
+    return [(s.spec.driver, d.to_api()) for s in slices for d in s.spec.devices or []]
+
+
+def test_from_slice_device_on_simulated_dgx_h100() -> None:
+    devices = _sim_devices()
+    assert devices
+    driver = devices[0][0]
+    cel_devices = [CelDevice.from_slice_device(drv, d) for drv, d in devices]
+    gpus = compile_selector(f'device.attributes["{driver}"].type == "gpu"')
+    big = compile_selector(f'device.capacity["{driver}"].memory.compareTo(quantity("40Gi")) >= 0')
+    hopper = compile_selector(
+        f'device.attributes["{driver}"].architecture == "Hopper" && '
+        f'device.attributes["{driver}"].driverVersion.isGreaterThan(semver("500.0.0"))'
+    )
+    expected_gpus = [d for (_, d) in devices if d["attributes"]["type"]["string"] == "gpu"]
+    assert len(expected_gpus) == 8
+    assert sum(gpus.matches(d) for d in cel_devices) == 8
+    memories = [d["capacity"]["memory"]["value"] for (_, d) in devices]
+    assert all(m.endswith("Mi") for m in memories)
+    expected_big = sum(int(m[:-2]) * 2**20 >= 40 * 2**30 for m in memories)
+    assert 8 <= expected_big < len(devices)
+    assert sum(big.matches(d) for d in cel_devices) == expected_big
+    assert all(hopper.matches(d) for d in cel_devices)
+    pcie = compile_selector('device.attributes["resource.kubernetes.io"].pcieRoot.startsWith("pci")')
+    assert all(pcie.matches(d) for d in cel_devices)
+
+
+def test_list_attributes_and_includes() -> None:
+    dev = CelDevice(
+        driver=DRIVER,
+        attributes={"links": {"ints": [1, 2, 3]}, "names": {"strings": ["a", "b"]}, "v": {"versions": ["1.0.0"]}},
+    )
+    assert ev(f'device.attributes["{DRIVER}"].links.exists(x, x == 2)', dev)
+    assert ev(
+        f'device.attributes["{DRIVER}"].names.includes("b") && !device.attributes["{DRIVER}"].names.includes("c")', dev
+    )
+    assert ev(f'device.attributes["{DRIVER}"].v[0].major() == 1', dev)
+    assert ev(f'device.attributes["{DRIVER}"].links.size() == 3 && {DRIVER!r}.includes({DRIVER!r})', dev)
+
+
+def test_model_copy_does_not_reuse_the_cached_conversion() -> None:
+    dev = CelDevice(driver=DRIVER, attributes={"m": {"int": 1}})
+    assert ev(f'device.attributes["{DRIVER}"].m == 1', dev)
+    changed = dev.model_copy(update={"attributes": {"m": {"int": 2}}})
+    assert ev(f'device.attributes["{DRIVER}"].m == 2', changed)
