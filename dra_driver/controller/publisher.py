@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_driver.controller.metrics import PublisherMetrics
 from dra_driver.slices.model import ResourceSlice
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Publisher:
         desired: SliceSource,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
+        metrics: PublisherMetrics | None = None,
     ) -> None:
         from kubernetes import client
 
@@ -69,6 +71,7 @@ class Publisher:
         self._backoff = (backoff_initial, backoff_max)
         self._node_uid: str | None = None
         self.stats = PublisherStats()
+        self.metrics = metrics or PublisherMetrics()
         self.in_sync = threading.Event()
         self.last_error: str | None = None
 
@@ -76,6 +79,7 @@ class Publisher:
     def _call(self, verb: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.stats.requests += 1
         self.stats.by_verb[verb] = self.stats.by_verb.get(verb, 0) + 1
+        self.metrics.api_requests.labels(verb=verb).inc()
         if verb in ("create", "replace", "delete"):
             self.stats.writes += 1
         return fn(*args, **kwargs, _request_timeout=10)
@@ -114,6 +118,8 @@ class Publisher:
             by_name.pop(name, None)
         for name in by_name:  # old generations and slices beyond the new count, after the new pool is complete
             self._call("delete", self._objects.delete_cluster_custom_object, GROUP, VERSION, PLURAL, name)
+        self.metrics.devices.set(sum(len(d["spec"].get("devices") or []) for d in desired))
+        self.metrics.generation.set(new_generation)
         log.info("published pool %s generation %d", self.node_name, new_generation)
         return True
 
@@ -129,13 +135,16 @@ class Publisher:
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.sync_once()
+                with self.metrics.duration.time():
+                    changed = self.sync_once()
+                self.metrics.publishes.labels(result="published" if changed else "unchanged").inc()
                 self.last_error = None
                 self.in_sync.set()
                 delay = self._backoff[0]
                 self._wake.wait()
             except (ApiException, OSError, ValueError) as e:  # API down, conflict, timeout: retry
                 self.stats.errors += 1
+                self.metrics.publishes.labels(result="error").inc()
                 self.in_sync.clear()
                 self.last_error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
                 log.warning("publishing pool %s failed (%s); retrying", self.node_name, self.last_error)
@@ -143,6 +152,7 @@ class Publisher:
                 delay = min(delay * 2, self._backoff[1])
             except Exception as e:  # urllib3 connection errors and the like
                 self.stats.errors += 1
+                self.metrics.publishes.labels(result="error").inc()
                 self.in_sync.clear()
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("publishing pool %s failed (%s); retrying", self.node_name, self.last_error)

@@ -1,0 +1,78 @@
+"""The plugin reading ResourceClaims and DeviceClasses from a real kube-apiserver (replaces the stand-in)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dra_driver.plugin.claims import KubeClaimSource
+from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.plugin.types import ClaimRef
+from dra_driver.simulator.nvml import SimulatedNvml
+from tests.plugin_helpers import DRIVER, GPU_CLASS, MIG_CLASS, claim
+from tests.test_publisher import api_client
+
+NODE = "plugin-api-node"
+
+
+def _create(cp: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in obj.items() if k != "status"}
+    body["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "uid"}
+    created = json.loads(cp.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(body)).stdout)
+    if "status" in obj:  # what the scheduler would write: the allocation
+        cp.kubectl(
+            "patch",
+            "resourceclaim",
+            created["metadata"]["name"],
+            "-n",
+            created["metadata"]["namespace"],
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": obj["status"]}),
+        )
+    return created
+
+
+def test_prepare_with_claims_from_the_api_server(control_plane, tmp_path: Path) -> None:
+    for cls in (GPU_CLASS, MIG_CLASS):
+        name = f"api-{cls['metadata']['name']}"
+        control_plane.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "DeviceClass",
+                    "metadata": {"name": name},
+                    "spec": cls["spec"],
+                }
+            ),
+        )
+    whole = claim(["gpu-1"], device_class="api-gpu", pool=NODE)
+    mig = claim(["gpu-2-mig-1g10gb-19-6"], device_class="api-mig", pool=NODE)
+    created = [_create(control_plane, c) for c in (whole, mig)]
+    refs = [
+        ClaimRef(namespace=c["metadata"]["namespace"], name=c["metadata"]["name"], uid=c["metadata"]["uid"])
+        for c in created
+    ]
+    sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
+    settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=tmp_path / "plugin", cdi_root=tmp_path / "cdi")
+    source = KubeClaimSource(api_client(control_plane.kubeconfig))
+    d = Driver(settings, sim, source, sysfs_root=sim.sysfs_root, proc_root=sim.proc_root, boot_id="b")
+    try:
+        out = d.prepare(refs)
+        assert all(r.error == "" for r in out.values()), out
+        assert len(list((tmp_path / "cdi").glob("*.json"))) == 2
+        stale = refs[0].model_copy(update={"uid": "00000000-0000-0000-0000-000000000000"})
+        assert "got replaced" in d.prepare([stale])[stale.uid].error
+        missing = ClaimRef(namespace="default", name="does-not-exist", uid="u")
+        assert "retrieve claim default/does-not-exist" in d.prepare([missing])["u"].error
+        assert d.unprepare(refs) == {r.uid: "" for r in refs}
+        assert not list((tmp_path / "cdi").glob("*.json"))
+    finally:
+        d.close()
+        for c in created:
+            control_plane.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")

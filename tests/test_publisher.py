@@ -1,0 +1,157 @@
+"""The ResourceSlice publisher against a real kube-apiserver (tests/cluster)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from dra_driver.controller.metrics import PublisherMetrics
+from dra_driver.controller.publisher import Publisher
+from dra_driver.nvml.discovery import discover
+from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
+from dra_driver.slices.builder import build_slices
+from dra_driver.slices.model import DeviceTaint, ResourceSlice
+
+
+def api_client(kubeconfig: Path) -> Any:
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Desired:
+    """The slices a node should publish; tests change the taints to simulate a device change."""
+
+    def __init__(self, machine: str, node: str, state: Path) -> None:
+        sim = SimulatedNvml(machine, state)
+        self.inventory = discover(sim, sim.sysfs_root)
+        self.node = node
+        self.taints: dict[str, list[DeviceTaint]] = {}
+
+    def __call__(self, generation: int, node_uid: str | None) -> list[ResourceSlice]:
+        return build_slices(
+            self.inventory,
+            node_name=self.node,
+            k8s_version="1.36",
+            generation=generation,
+            node_uid=node_uid,
+            taints=self.taints,
+        )
+
+
+def pool(cp: Any, node: str) -> list[dict[str, Any]]:
+    items = cp.kubectl_json("get", "resourceslices", "--field-selector", f"spec.nodeName={node}")
+    return sorted(items["items"], key=lambda o: o["metadata"]["name"])
+
+
+def pool_complete(cp: Any, node: str, slices: int, generation: int | None = None) -> bool:
+    items = pool(cp, node)
+    gens = {o["spec"]["pool"]["generation"] for o in items}
+    return (
+        len(items) == slices
+        and len(gens) == 1
+        and (generation is None or gens == {generation})
+        and all(o["spec"]["pool"]["resourceSliceCount"] == slices for o in items)
+    )
+
+
+@pytest.fixture
+def node_publisher(control_plane, tmp_path: Path) -> Iterator[Callable[..., tuple[Publisher, Desired]]]:
+    started: list[Publisher] = []
+
+    def start(node: str, machine: str = "dgx-h200") -> tuple[Publisher, Desired]:
+        control_plane.create_node(node)
+        desired = Desired(machine, node, tmp_path / node)
+        pub = Publisher(
+            api_client(control_plane.kubeconfig),
+            node_name=node,
+            driver=DEFAULT_DRIVER_NAME,
+            desired=desired,
+            backoff_initial=0.2,
+            backoff_max=2.0,
+            metrics=PublisherMetrics(CollectorRegistry()),
+        )
+        pub.start()
+        started.append(pub)
+        return pub, desired
+
+    yield start
+    for pub in started:
+        pub.stop()
+        control_plane.kubectl(
+            "delete", "resourceslices", "--field-selector", f"spec.nodeName={pub.node_name}", "--ignore-not-found"
+        )
+        control_plane.delete_node(pub.node_name)
+
+
+def test_initial_publish(control_plane, node_publisher) -> None:
+    pub, _ = node_publisher("pub-initial")
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-initial", 9, 1))
+    items = pool(control_plane, "pub-initial")
+    assert sum(len(o["spec"].get("devices") or []) for o in items) == 208
+    node_uid = control_plane.kubectl_json("get", "node", "pub-initial")["metadata"]["uid"]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == node_uid for o in items)
+    writes = pub.stats.writes
+    pub.trigger()
+    wait_for("resync", lambda: pub.in_sync.is_set())
+    time.sleep(1)
+    assert pub.stats.writes == writes  # nothing changed: no write
+
+
+def test_device_change_bumps_the_generation(control_plane, node_publisher) -> None:
+    pub, desired = node_publisher("pub-change")
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-change", 9, 1))
+    desired.taints = {"gpu-3": [DeviceTaint(key="gpu.dra-driver.dev/xid", value="79", effect="NoExecute")]}
+    pub.trigger()
+    wait_for("generation 2", lambda: pool_complete(control_plane, "pub-change", 9, 2))
+    gpu3 = [
+        d for o in pool(control_plane, "pub-change") for d in o["spec"].get("devices") or [] if d["name"] == "gpu-3"
+    ]
+    assert gpu3[0]["taints"][0]["effect"] == "NoExecute" and "timeAdded" in gpu3[0]["taints"][0]
+
+
+def test_slices_deleted_behind_its_back_are_restored(control_plane, node_publisher) -> None:
+    _pub, _ = node_publisher("pub-repair")
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-repair", 9, 1))
+    # what the kubelet does when it restarts: delete every slice of the node
+    control_plane.kubectl("delete", "resourceslices", "--field-selector", "spec.nodeName=pub-repair")
+    wait_for("pool restored", lambda: pool_complete(control_plane, "pub-repair", 9))
+    victim = pool(control_plane, "pub-repair")[3]["metadata"]["name"]
+    control_plane.kubectl(
+        "patch", "resourceslice", victim, "--type=json", "-p", '[{"op": "remove", "path": "/spec/devices/0"}]'
+    )
+    wait_for(
+        "edit repaired",
+        lambda: (
+            pool_complete(control_plane, "pub-repair", 9)
+            and sum(len(o["spec"].get("devices") or []) for o in pool(control_plane, "pub-repair")) == 208
+        ),
+    )
+
+
+def test_two_publishers_two_nodes(control_plane, node_publisher) -> None:
+    node_publisher("pub-a", "dgx-h100")
+    node_publisher("pub-b", "dgx-a100")
+    wait_for(
+        "both pools", lambda: pool_complete(control_plane, "pub-a", 9) and pool_complete(control_plane, "pub-b", 1)
+    )
+    assert {o["spec"]["nodeName"] for o in pool(control_plane, "pub-a")} == {"pub-a"}
+    assert len(pool(control_plane, "pub-b")[0]["spec"]["devices"]) == 8  # A100s with MIG off: whole GPUs
