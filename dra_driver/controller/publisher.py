@@ -37,11 +37,20 @@ class PublisherStats:
 
 
 def _content(obj: dict[str, Any]) -> dict[str, Any]:
-    """What must match for a stored slice to count as published: the spec without the generation."""
+    """What must match for a stored slice to count as published: the spec without the generation, and
+    without what the API server fills in itself (a taint's timeAdded), which would otherwise look like a
+    difference on every pass and republish forever."""
     spec = dict(obj.get("spec", {}))
     pool = dict(spec.get("pool", {}))
     pool.pop("generation", None)
     spec["pool"] = pool
+    if spec.get("devices"):
+        spec["devices"] = [
+            {**d, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in d["taints"]]}
+            if d.get("taints")
+            else d
+            for d in spec["devices"]
+        ]
     return spec
 
 
