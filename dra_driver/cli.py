@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from dra_driver.allocation.cli import add_subcommand as add_simulate_subcommand
 from dra_driver.cel.cli import add_subcommand as add_cel_subcommand
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.inventory import Inventory
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
     add_cel_subcommand(sub)
+    add_simulate_subcommand(sub)
 
     inv = sub.add_parser("inventory", help="discover GPUs and print this node's ResourceSlices")
     _add_nvml_args(inv)

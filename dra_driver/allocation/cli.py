@@ -1,0 +1,156 @@
+"""`dra-driver simulate`: allocate claims against ResourceSlices offline, and say why the rest stay Pending."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from pydantic import ValidationError
+
+from dra_driver.allocation.explain import ClaimExplanation
+from dra_driver.allocation.loader import InputError, load_objects
+from dra_driver.allocation.quantities import QuantityError
+from dra_driver.allocation.simulate import ClaimOutcome, SimulationReport, simulate
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 1
+EXIT_UNALLOCATED = 3
+
+
+def add_subcommand(subparsers: Any) -> None:
+    """Register `simulate` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "simulate",
+        help="allocate ResourceClaims against ResourceSlices like the kube-scheduler, and explain failures",
+        description="Allocate ResourceClaims against ResourceSlices with the kube-scheduler's structured "
+        "allocator semantics. Exit 0 if every claim is allocated, 3 if one is not, 1 on bad input.",
+    )
+    p.add_argument("--slices", nargs="+", required=True, metavar="FILE", help="ResourceSlices (YAML/JSON, - = stdin)")
+    p.add_argument("--classes", nargs="+", required=True, metavar="FILE", help="DeviceClasses (YAML/JSON)")
+    p.add_argument("--claims", nargs="+", required=True, metavar="FILE", help="ResourceClaims (YAML/JSON)")
+    p.add_argument("--allocated", nargs="*", default=[], metavar="FILE", help="claims already allocated")
+    p.add_argument("--node", help="the node to allocate on (default: the first node where the claims fit)")
+    p.add_argument(
+        "--together", action="store_true", help="the claims belong to one pod: allocate all at once, or none"
+    )
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.set_defaults(func=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        if sum(1 for group in (args.slices, args.classes, args.claims, args.allocated) if "-" in group) > 1:
+            raise InputError("only one of the file lists may read from stdin")
+        slices = load_objects(args.slices, "ResourceSlice")
+        classes = load_objects(args.classes, "DeviceClass")
+        claims = load_objects(args.claims, "ResourceClaim")
+        allocated = load_objects(args.allocated)
+        report = simulate(slices, classes, claims, args.node, allocated, together=args.together)
+    except (InputError, ValidationError, QuantityError, KeyError, TypeError, ValueError) as err:
+        print(f"error: {_message(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.output == "json":
+        json.dump(_json(report), out, indent=2)
+        out.write("\n")
+    else:
+        _text(report, _device_attributes(slices), out)
+    return EXIT_OK if report.all_allocated else EXIT_UNALLOCATED
+
+
+def _message(err: Exception) -> str:
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        return f"{err.title}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    if isinstance(err, KeyError):
+        return f"missing field {err}"
+    return str(err)
+
+
+def _json(report: SimulationReport) -> dict[str, Any]:
+    return {
+        "claims": [
+            {
+                "claim": o.claim,
+                "allocated": o.allocated,
+                **({"node": o.node} if o.node else {}),
+                **({"allocation": o.allocation} if o.allocation is not None else {}),
+                **({"error": o.error} if o.error else {}),
+                **(
+                    {"explanations": [e.model_dump(exclude_none=True) for e in o.explanations]}
+                    if o.explanations
+                    else {}
+                ),
+            }
+            for o in report.outcomes
+        ]
+    }
+
+
+def _device_attributes(slices: list[dict[str, Any]]) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    out: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        for dev in spec.get("devices") or []:
+            out[(str(spec.get("driver")), str((spec.get("pool") or {}).get("name")), str(dev.get("name")))] = (
+                dev.get("attributes") or {}
+            )
+    return out
+
+
+def _attr(attrs: Mapping[str, Any], name: str) -> str:
+    for key, value in attrs.items():
+        if key == name or key.endswith("/" + name):
+            return str(next(iter(value.values()), "")) if isinstance(value, dict) else str(value)
+    return ""
+
+
+def _placement(device: str) -> str:
+    """MIG partition devices are named gpu-<minor>-mig-<profile>-<id>-<start>: the start slice is last."""
+    parts = device.split("-")
+    return f"start {parts[-1]}" if "-mig-" in device and parts[-1].isdigit() else ""
+
+
+def _text(report: SimulationReport, attrs: dict[tuple[str, str, str], Mapping[str, Any]], out: TextIO) -> None:
+    for o in report.outcomes:
+        if o.allocation is not None:
+            _print_allocation(o, attrs, out)
+        else:
+            _print_failure(o, out)
+        out.write("\n")
+    done = sum(1 for o in report.outcomes if o.allocated)
+    out.write(f"{done}/{len(report.outcomes)} claims allocated\n")
+
+
+def _print_allocation(o: ClaimOutcome, attrs: dict[tuple[str, str, str], Mapping[str, Any]], out: TextIO) -> None:
+    how = "already allocated" if o.preexisting else f"allocated{' on ' + o.node if o.node else ''}"
+    out.write(f"claim {o.claim}: {how}\n")
+    rows = [("REQUEST", "DEVICE", "POOL", "PROFILE", "PLACEMENT", "SHARE")]
+    for r in (o.allocation or {}).get("devices", {}).get("results", []):
+        a = attrs.get((r["driver"], r["pool"], r["device"]), {})
+        profile = _attr(a, "profile")
+        share = ",".join(f"{k}={v}" for k, v in (r.get("consumedCapacity") or {}).items())
+        if r.get("adminAccess"):
+            share = "adminAccess" + (f" {share}" if share else "")
+        rows.append(
+            (r["request"], r["device"], r["pool"], profile or "-", _placement(r["device"]) or "-", share or "-")
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def _print_failure(o: ClaimOutcome, out: TextIO) -> None:
+    out.write(f"claim {o.claim}: cannot be allocated\n")
+    if o.error:
+        out.write(f"  error (aborts scheduling, retried with backoff): {o.error}\n")
+    for e in o.explanations:
+        _print_explanation(e, out)
+
+
+def _print_explanation(e: ClaimExplanation, out: TextIO) -> None:
+    for line in e.lines():
+        out.write("  " + line + "\n")

@@ -1,0 +1,110 @@
+"""Allocate a set of claims like the scheduler would, and explain those that do not fit.
+
+Sequential (default): each claim is a pod of its own, allocated in order; what earlier claims got counts as
+allocated for later ones. `together=True`: all claims belong to one pod and must fit on the same node at once.
+Without a node, the nodes that have node-local slices are tried in order and the first that fits wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from dra_driver.allocation.allocator import DEFAULT_MAX_STEPS, AllocationError, Allocator, _Search, as_node
+from dra_driver.allocation.explain import ClaimExplanation, explain
+from dra_driver.allocation.model import AllocationResult, ResourceClaim
+from dra_driver.allocation.pools import Node
+
+
+class ClaimOutcome(BaseModel):
+    claim: str
+    node: str | None = None
+    allocation: dict[str, Any] | None = None
+    preexisting: bool = False
+    explanations: list[ClaimExplanation] = Field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def allocated(self) -> bool:
+        return self.allocation is not None
+
+
+class SimulationReport(BaseModel):
+    outcomes: list[ClaimOutcome]
+
+    @property
+    def all_allocated(self) -> bool:
+        return all(o.allocated for o in self.outcomes)
+
+
+def _nodes(alloc: Allocator, node: str | Node | None) -> list[Node | None]:
+    if node is not None:
+        return [as_node(node)]
+    names = alloc.node_names()
+    return [Node(n) for n in names] if names else [None]
+
+
+def _try(
+    alloc: Allocator, claims: list[ResourceClaim], nodes: list[Node | None]
+) -> tuple[Node | None, list[AllocationResult] | None, str | None]:
+    """First node where all claims fit; an AllocationError aborts (the scheduler's statusError)."""
+    for node in nodes:
+        try:
+            results = _Search(alloc, claims, node).run()
+        except AllocationError as err:
+            return node, None, str(err)
+        if results is not None:
+            return node, results, None
+    return None, None, None
+
+
+def _fail(
+    alloc: Allocator, claim: ResourceClaim, nodes: list[Node | None], others: list[ResourceClaim]
+) -> ClaimOutcome:
+    explanations = [explain(alloc, claim, n, others) for n in nodes]
+    return ClaimOutcome(claim=claim.key, explanations=explanations)
+
+
+def simulate(
+    slices: Sequence[Mapping[str, Any]],
+    classes: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    node: str | Node | None = None,
+    allocated: Iterable[Mapping[str, Any]] = (),
+    *,
+    together: bool = False,
+    share_id: Callable[[], str] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> SimulationReport:
+    parsed = [ResourceClaim.model_validate(c) for c in claims]
+    existing = [c.model_dump(by_alias=True) for c in parsed if c.status.get("allocation")]
+    alloc = Allocator(slices, classes, [*allocated, *existing], share_id=share_id, max_steps=max_steps)
+    nodes = _nodes(alloc, node)
+    outcomes: dict[int, ClaimOutcome] = {}
+    pending: list[tuple[int, ResourceClaim]] = []
+    for i, claim in enumerate(parsed):
+        if claim.status.get("allocation"):
+            outcomes[i] = ClaimOutcome(claim=claim.key, allocation=claim.status["allocation"], preexisting=True)
+        else:
+            pending.append((i, claim))
+    groups = [pending] if together else [[p] for p in pending]
+    for group in groups:
+        if not group:
+            continue
+        group_claims = [c for _, c in group]
+        chosen, results, error = _try(alloc, group_claims, nodes)
+        if results is not None:
+            for (i, claim), result in zip(group, results, strict=True):
+                api = result.to_api()
+                outcomes[i] = ClaimOutcome(claim=claim.key, node=chosen.name if chosen else None, allocation=api)
+                alloc.state.add(api)
+            continue
+        for i, claim in group:
+            others = [c for c in group_claims if c is not claim]
+            outcome = _fail(alloc, claim, nodes, others)
+            if error is not None:
+                outcome.error = error
+            outcomes[i] = outcome
+    return SimulationReport(outcomes=[outcomes[i] for i in sorted(outcomes)])
