@@ -255,7 +255,12 @@ class Driver:
                         return d.mig
             raise PrepareError(f"admin access to {p.entry.device.name}: no claim has carved that MIG device")
         return create_mig_device(
-            self.lib, gpu.uuid, gpu.minor, profile.id, profile.compute_slices, p.entry.placement_start,
+            self.lib,
+            gpu.uuid,
+            gpu.minor,
+            profile.id,
+            profile.compute_slices,
+            p.entry.placement_start,
             profile.memory_slices,
         )
 
@@ -311,8 +316,9 @@ class Driver:
         """At start: roll back half-prepared claims, destroy MIG devices no completed claim owns, remove CDI
         specs no completed claim owns."""
         for entry in [e for e in self.checkpoint.claims.values() if e.state is ClaimState.PREPARE_STARTED]:
-            log.warning("rolling back claim %s/%s (%s), interrupted while preparing", entry.namespace, entry.name,
-                        entry.uid)
+            log.warning(
+                "rolling back claim %s/%s (%s), interrupted while preparing", entry.namespace, entry.name, entry.uid
+            )
             self._rollback(entry)
         owned = {
             (d.mig.parent_uuid, d.mig.gi_id)
@@ -328,8 +334,9 @@ class Driver:
                 continue
             for view in list_gpu_instances(self.lib, handle, [p.id for p in gpu.mig_profiles]):
                 if (gpu.uuid, view.gi_id) not in owned and self.settings.mode is PublishMode.PARTITIONABLE:
-                    log.warning("destroying MIG GPU instance %d on GPU %d: no prepared claim owns it", view.gi_id,
-                                gpu.minor)
+                    log.warning(
+                        "destroying MIG GPU instance %d on GPU %d: no prepared claim owns it", view.gi_id, gpu.minor
+                    )
                     destroy_gpu_instance(self.lib, handle, view.gi_id, f"GPU instance {view.gi_id}")
         completed = {e.uid for e in self.checkpoint.claims.values() if e.state is ClaimState.PREPARE_COMPLETED}
         for uid in self.cdi.claim_uids() - completed:

@@ -32,6 +32,7 @@ from dra_driver.simulator.catalog import (
     product,
 )
 from dra_driver.simulator.mig_rules import MigRuleError
+from dra_driver.simulator.procfs import write_fake_procfs
 from dra_driver.simulator.state import (
     ComputeInstanceState,
     GpuInstanceState,
@@ -39,7 +40,6 @@ from dra_driver.simulator.state import (
     MachineState,
     StateStore,
 )
-from dra_driver.simulator.procfs import write_fake_procfs
 from dra_driver.simulator.sysfs import write_fake_sysfs
 
 _UUID_NAMESPACE = uuid.UUID("6f1c6d3e-6a43-4d39-9a4c-5b0b8d7f3a10")

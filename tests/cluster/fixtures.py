@@ -1,1 +1,50 @@
-"""Placeholder until the control-plane harness lands: no fixtures yet."""
+"""pytest plugin (registered from tests/conftest.py): a session-wide real control plane.
+
+The binaries are built (or found in the cache) once after collection, outside any test's timeout, and only
+when a selected test uses `control_plane`. A cold build takes many minutes; CI should run
+scripts/build-control-plane.sh beforehand. Where no Go toolchain exists and DRA_K8S_BIN_DIR is unset, the
+tests that need the cluster are skipped, unless DRA_K8S_REQUIRE=1 makes that an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.controlplane import ControlPlane, binaries_up_to_date, ensure_binaries, go_available
+
+_bin_dir: Path | None = None
+_unavailable: str | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    global _bin_dir, _unavailable
+    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    if not go_available():
+        _unavailable = "no Go toolchain to build the control plane (and DRA_K8S_BIN_DIR is unset)"
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not binaries_up_to_date():
+        reporter.write_line(
+            "tests.cluster: building the control-plane binaries (scripts/build-control-plane.sh); "
+            "a cold build takes about 15-25 minutes on 2 cores"
+        )
+    _bin_dir = ensure_binaries()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    if _unavailable is not None:
+        if os.environ.get("DRA_K8S_REQUIRE") == "1":
+            pytest.fail(f"DRA_K8S_REQUIRE=1 but {_unavailable}")
+        pytest.skip(_unavailable)
+    cp = ControlPlane(bin_dir=_bin_dir)
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
