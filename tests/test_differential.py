@@ -1,0 +1,167 @@
+"""Differential test: the same claims through the real kube-scheduler and through our allocator.
+
+Each scenario is a sequence of claims, each used by a pod of its own, created one after another (so the
+order of allocation is the same on both sides). Feasibility must agree for every claim, and where only one
+device can satisfy a request the device must agree too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.allocation.simulate import simulate
+from dra_driver.nvml.discovery import discover
+from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as D
+from dra_driver.slices.builder import build_slices
+
+NODE = "diff-node"
+NS = "diff"
+CLASSES = [
+    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"diff-{t}"},
+     "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{D}' && "
+                                                    f"device.attributes['{D}'].type == '{t}'"}}]}}
+    for t in ("gpu", "mig")
+]  # fmt: skip
+
+
+def request(name: str, cls: str, count: int = 1, selectors: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "exactly": {
+            "deviceClassName": f"diff-{cls}",
+            "count": count,
+            "selectors": [{"cel": {"expression": e}} for e in selectors or []],
+        },
+    }
+
+
+def profile(p: str) -> str:
+    return f"device.attributes['{D}'].profile == '{p}'"
+
+
+ON_GPU0 = "device.attributes['resource.kubernetes.io'].pciBusID == '0000:1b:00.0'"
+
+
+def claim(name: str, *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"devices": {"requests": list(requests)}}
+    if constraints:
+        spec["devices"]["constraints"] = constraints
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
+
+
+SCENARIOS: dict[str, list[dict[str, Any]]] = {
+    "whole GPUs until the node is full": [
+        claim("four", request("g", "gpu", 4)),
+        claim("four-more", request("g", "gpu", 4)),
+        claim("one-too-many", request("g", "gpu")),
+    ],
+    "two GPUs with matchAttribute on product": [
+        claim("pair", request("a", "gpu"), request("b", "gpu"),
+              constraints=[{"requests": [], "matchAttribute": f"{D}/productName"}]),
+    ],
+    "MIG partitions filling one GPU": [
+        # pinned to GPU 0, so a single device can satisfy each: the choice is determined
+        claim("big", request("m", "mig", selectors=[profile("4g.40gb"), ON_GPU0])),
+        claim("three", request("m", "mig", selectors=[profile("3g.40gb"), ON_GPU0])),
+        claim("no-room-left", request("m", "mig", selectors=[profile("1g.10gb"), ON_GPU0])),
+        claim("many-1g", request("m", "mig", 28, selectors=[profile("1g.10gb")])),
+    ],
+    "a claim that cannot fit": [
+        claim("nine", request("g", "gpu", 9)),
+        claim("no-such-product", request("g", "gpu", selectors=[f"device.attributes['{D}'].productName == 'B300'"])),
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+    cp = control_plane
+    uid = cp.create_node(NODE)
+    sim = SimulatedNvml("dgx-h100", tmp_path_factory.mktemp("diff-gpu"))
+    slices = [
+        s.to_api()
+        for s in build_slices(discover(sim, sim.sysfs_root), node_name=NODE, k8s_version="1.36", node_uid=uid)
+    ]
+    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [*slices, *CLASSES]}))
+    cp.kubectl("create", "namespace", NS)
+    yield cp, slices
+    cp.kubectl("delete", "namespace", NS, "--wait=false")
+    cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}")
+    cp.delete_node(NODE)
+
+
+def _schedule(cp: Any, c: dict[str, Any], timeout: float = 30) -> dict[str, Any] | None:
+    """Create the claim and a pod using it; the allocation the scheduler wrote, or None if it stays Pending."""
+    name = c["metadata"]["name"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": NODE},
+                    "containers": [{"name": "c", "image": "registry.invalid/x",
+                                    "resources": {"claims": [{"name": "gpus"}]}}],
+                    "resourceClaims": [{"name": "gpus", "resourceClaimName": name}]}}  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [c, pod]}))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cp.kubectl_json("get", "resourceclaim", name, "-n", NS)
+        if got.get("status", {}).get("allocation"):
+            return dict(got["status"]["allocation"])
+        p = cp.kubectl_json("get", "pod", name, "-n", NS)
+        conds = {x["type"]: x for x in p.get("status", {}).get("conditions", [])}
+        if conds.get("PodScheduled", {}).get("reason") == "Unschedulable":
+            return None
+        time.sleep(0.3)
+    raise AssertionError(f"scheduler neither allocated nor rejected {name} in {timeout} s")
+
+
+def _cleanup(cp: Any) -> None:
+    cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force", "--wait=true")
+    cp.kubectl("delete", "resourceclaims", "--all", "-n", NS, "--wait=true", timeout=120)
+
+
+def _devices(allocation: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted((r["request"], r["device"]) for r in allocation["devices"]["results"])
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_same_feasibility_as_the_kube_scheduler(cluster, scenario: str) -> None:
+    cp, slices = cluster
+    claims = SCENARIOS[scenario]
+    try:
+        scheduler = [_schedule(cp, c) for c in claims]
+        ours = simulate(slices, CLASSES, claims, node=NODE).outcomes
+        for c, theirs, mine in zip(claims, scheduler, ours, strict=True):
+            name = c["metadata"]["name"]
+            assert (theirs is not None) == mine.allocated, (name, theirs, mine.explanations)
+            if theirs is None:
+                continue
+            assert mine.allocation is not None
+            assert len(_devices(theirs)) == len(_devices(mine.allocation)), name
+            if name in ("big", "three"):  # a single device can satisfy these: the choice is determined
+                assert _devices(theirs) == _devices(mine.allocation), name
+    finally:
+        _cleanup(cp)
+
+
+def test_explanations_name_the_blocking_reason(cluster) -> None:
+    _, slices = cluster
+    ours = simulate(slices, CLASSES, SCENARIOS["a claim that cannot fit"], node=NODE).outcomes
+    text = ["\n".join(line for e in o.explanations for line in e.lines()) for o in ours]
+    assert "not enough devices" in text[0] or "wants 9" in text[0]
+    assert "rejected by claim diff/no-such-product selector #0" in text[1]
+
+
+def test_scenarios_file_is_self_consistent() -> None:
+    names = [c["metadata"]["name"] for cs in SCENARIOS.values() for c in cs]
+    assert len(names) == len(set(names))
+    assert Path(__file__).is_file()
