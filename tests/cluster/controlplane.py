@@ -1,0 +1,537 @@
+"""A real Kubernetes control plane on loopback for integration tests: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler, built from the official Go modules by
+scripts/build-control-plane.sh (pinned in tools/k8sbins/go.mod).
+
+There is no kubelet and no node-lifecycle controller: Nodes are plain API objects made Ready by
+`ControlPlane.create_node`, as upstream's DRA integration tests do. Everything listens on 127.0.0.1 with
+free ports; certificates come from a throwaway CA (openssl CLI); the work directory is removed on `stop()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+
+# 1.36: DRAPartitionableDevices, DRAConsumableCapacity and DRADeviceTaints are beta and on by default; set them
+# explicitly so the cluster does not silently change if the pin moves. DRADeviceTaintRules is beta but off
+# ("depends on an off-by-default beta API"): it needs resource.k8s.io/v1beta2 for DeviceTaintRule objects.
+DEFAULT_FEATURE_GATES: dict[str, bool] = {
+    "DRAPartitionableDevices": True,
+    "DRAConsumableCapacity": True,
+    "DRADeviceTaints": True,
+    "DRADeviceTaintRules": True,
+}
+DEFAULT_RUNTIME_CONFIG: dict[str, bool] = {"resource.k8s.io/v1beta2": True}
+# Never node-lifecycle-controller: without kubelet heartbeats it would taint every Node unreachable.
+DEFAULT_CONTROLLERS: tuple[str, ...] = (
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+)
+
+_PR_SET_PDEATHSIG = 1
+_LOG_TAIL_LINES = 40
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to build, start or become ready."""
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """A failed kubectl call; unlike CalledProcessError its message carries kubectl's stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstderr: {(self.stderr or '').strip()}"
+
+
+def ensure_binaries(*, build_script: Path = BUILD_SCRIPT, env: Mapping[str, str] | None = None) -> Path:
+    """The directory holding the five binaries, building them first if needed (seconds when cached).
+
+    DRA_K8S_BIN_DIR points at prebuilt binaries instead (nothing is built then).
+    """
+    environ = dict(os.environ if env is None else env)
+    prebuilt = environ.get("DRA_K8S_BIN_DIR")
+    if prebuilt:
+        bin_dir = Path(prebuilt)
+    else:
+        proc = subprocess.run(["bash", str(build_script)], env=environ, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ControlPlaneError(f"{build_script} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
+        lines = proc.stdout.strip().splitlines()
+        if not lines:
+            raise ControlPlaneError(f"{build_script} printed no bin directory:\n{_tail(proc.stderr)}")
+        bin_dir = Path(lines[-1])
+    missing = [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+    if missing:
+        raise ControlPlaneError(f"{bin_dir} lacks {', '.join(missing)}")
+    return bin_dir
+
+
+def binaries_up_to_date(*, build_script: Path = BUILD_SCRIPT) -> bool:
+    """Whether `ensure_binaries()` would return at once (prebuilt, or the cache matches the sources)."""
+    if os.environ.get("DRA_K8S_BIN_DIR"):
+        return True
+    return subprocess.run(["bash", str(build_script), "--check"], capture_output=True).returncode == 0
+
+
+def go_available() -> bool:
+    """Whether binaries can be built here (or are provided): used by the pytest fixture to decide skip vs build."""
+    return bool(os.environ.get("DRA_K8S_BIN_DIR") or shutil.which("go") or os.access("/usr/local/go/bin/go", os.X_OK))
+
+
+def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _gates(gates: Mapping[str, bool]) -> str:
+    return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+
+
+def _die_with_parent() -> None:
+    """Child pre-exec: get SIGKILL if the Python process dies without calling stop() (no orphans)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ControlPlaneError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    client_cert: Path
+    client_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def make_pki(directory: Path, *, days: int = 7) -> Pki:
+    """A throwaway CA; a serving cert for 127.0.0.1/localhost/the kubernetes Service; an admin client cert
+    (O=system:masters); a service-account signing key. ECDSA P-256 keeps it fast."""
+    if shutil.which("openssl") is None:
+        raise ControlPlaneError("the openssl command is needed to make the control plane's certificates")
+    directory.mkdir(parents=True, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", str(days),
+             "-subj", "/CN=dra-driver-test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", cwd=directory)  # fmt: skip
+    leaves = {
+        "serving": (
+            "/CN=kube-apiserver",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,"
+            "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1\n"
+            "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
+        ),
+        "client": (
+            "/O=system:masters/CN=dra-test-admin",
+            "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
+        ),
+    }
+    for name, (subject, extensions) in leaves.items():
+        (directory / f"{name}.ext").write_text(extensions)
+        _openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=directory)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.crt", "-days", str(days), "-extfile", f"{name}.ext", cwd=directory)  # fmt: skip
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key",
+             cwd=directory)  # fmt: skip
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
+    for key in directory.glob("*.key"):
+        key.chmod(0o600)
+    return Pki(
+        ca_cert=directory / "ca.crt",
+        serving_cert=directory / "serving.crt",
+        serving_key=directory / "serving.key",
+        client_cert=directory / "client.crt",
+        client_key=directory / "client.key",
+        sa_key=directory / "sa.key",
+        sa_pub=directory / "sa.pub",
+    )
+
+
+@dataclass
+class _Component:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes] = field(repr=False)
+
+    def log_tail(self) -> str:
+        try:
+            return _tail(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return "(no log)"
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler on 127.0.0.1, admin kubeconfig included.
+
+    Use as a context manager, or call `start()` and `stop()`. Children die with the Python process
+    (PR_SET_PDEATHSIG), so call `start()` from a thread that outlives the control plane (normally the main one).
+    """
+
+    def __init__(
+        self,
+        *,
+        bin_dir: Path | None = None,
+        work_dir: Path | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+        runtime_config: Mapping[str, bool] | None = None,
+        controllers: Sequence[str] = DEFAULT_CONTROLLERS,
+        keep_work_dir: bool = False,
+        start_timeout: float = 120.0,
+    ) -> None:
+        self._bin_dir = bin_dir
+        self._requested_work_dir = work_dir
+        self.feature_gates = {**DEFAULT_FEATURE_GATES, **(feature_gates or {})}
+        self.runtime_config = {**DEFAULT_RUNTIME_CONFIG, **(runtime_config or {})}
+        self.controllers = tuple(controllers)
+        self.keep_work_dir = keep_work_dir or os.environ.get("DRA_K8S_KEEP") == "1"
+        self.start_timeout = start_timeout
+        self._components: list[_Component] = []
+        self._work_dir: Path | None = None
+        self._owns_work_dir = False
+        self._pki: Pki | None = None
+        self._kubeconfig: Path | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self.api_port = 0
+        self.etcd_port = 0
+        self.startup_seconds: float | None = None
+
+    # -- public surface -------------------------------------------------------------------------------
+
+    @property
+    def bin_dir(self) -> Path:
+        if self._bin_dir is None:
+            self._bin_dir = ensure_binaries()
+        return self._bin_dir
+
+    @property
+    def work_dir(self) -> Path:
+        if self._work_dir is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._work_dir
+
+    @property
+    def kubeconfig(self) -> Path:
+        if self._kubeconfig is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._kubeconfig
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def running(self) -> bool:
+        return bool(self._components) and all(c.process.poll() is None for c in self._components)
+
+    def start(self) -> ControlPlane:
+        if self._components:
+            raise ControlPlaneError("already started")
+        bin_dir = self.bin_dir
+        began = time.monotonic()
+        try:
+            self._start(bin_dir)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        return self
+
+    def stop(self) -> None:
+        """Stop every component (reverse order, SIGTERM then SIGKILL) and remove the work directory."""
+        for comp in reversed(self._components):
+            if comp.process.poll() is None:
+                comp.process.send_signal(signal.SIGTERM)
+                try:
+                    comp.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    comp.process.kill()
+                    comp.process.wait(timeout=10)
+            comp.log_file.close()
+        self._components.clear()
+        if self._work_dir is not None and self._owns_work_dir and not self.keep_work_dir:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+        self._work_dir = None
+        self._kubeconfig = None
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def env(self) -> dict[str, str]:
+        """Environment for kubectl and other clients: this cluster's kubeconfig, no in-cluster config."""
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
+        environ["KUBECONFIG"] = str(self.kubeconfig)
+        environ["KUBECACHEDIR"] = str(self.work_dir / "kubectl-cache")
+        environ["KUBERC"] = "off"
+        return environ
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the matching kubectl against this cluster. With check=True a failure raises KubectlError."""
+        cmd = [str(self.bin_dir / "kubectl"), *args]
+        proc = subprocess.run(cmd, input=input, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise KubectlError(proc.returncode, cmd, proc.stdout, proc.stderr)
+        return proc
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def create_node(self, name: str, labels: Mapping[str, str] | None = None) -> str:
+        """A kubelet-less Node that the scheduler accepts: created, status set Ready with capacity, no taints.
+
+        Mirrors upstream's test/integration/dra createNodes(). Returns the Node's UID.
+        """
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "spec": {},
+        }
+        self.kubectl("create", "-f", "-", input=json.dumps(node))
+        capacity = {"cpu": "100", "memory": "1000Gi", "pods": "5000"}
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        status = {
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "phase": "Running",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet-less test node",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        }
+        self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+        # TaintNodesByCondition admission is disabled, but drop any taint anyway (upstream does the same).
+        self.kubectl("patch", "node", name, "--type=merge", "-p", json.dumps({"spec": {"taints": None}}))
+        return str(self.kubectl("get", "node", name, "-o", "jsonpath={.metadata.uid}").stdout)
+
+    def delete_node(self, name: str) -> None:
+        self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
+
+    def log_tails(self) -> str:
+        return "\n".join(f"--- {c.name} ({c.log_path})\n{c.log_tail()}" for c in self._components)
+
+    # -- startup --------------------------------------------------------------------------------------
+
+    def _start(self, bin_dir: Path) -> None:
+        if self._requested_work_dir is not None:
+            self._work_dir = self._requested_work_dir
+            self._work_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._work_dir = Path(tempfile.mkdtemp(prefix="dra-control-plane-"))
+            self._owns_work_dir = True
+        work = self._work_dir
+        (work / "logs").mkdir(exist_ok=True)
+        deadline = time.monotonic() + self.start_timeout
+        pki = self._pki = make_pki(work / "pki")
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+        self._ssl = ctx
+
+        self.etcd_port, peer_port = _free_port(), _free_port()
+        etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        etcd = self._spawn("etcd", bin_dir / "etcd", [
+            "--name=default",
+            f"--data-dir={work / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ])  # fmt: skip
+        self._wait(etcd, f"{etcd_url}/health", deadline, lambda body: b'"health":"true"' in body)
+
+        self.api_port = _free_port()
+        apiserver = self._spawn("kube-apiserver", bin_dir / "kube-apiserver", [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.api_port}",
+            f"--cert-dir={work / 'apiserver'}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--profiling=false",
+            f"--feature-gates={_gates(self.feature_gates)}",
+            f"--runtime-config={_gates(self.runtime_config)}",
+        ])  # fmt: skip
+        self._wait(apiserver, f"{self.server}/readyz", deadline)
+        self._kubeconfig = self._write_kubeconfig(work / "admin.kubeconfig", pki)
+        # /readyz does not cover the system namespaces that the apiserver creates right after.
+        self._wait(apiserver, f"{self.server}/api/v1/namespaces/default", deadline)
+
+        kubeconfig = str(self._kubeconfig)
+        common = [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--authentication-skip-lookup=true",  # no front-proxy CA to look up in kube-system
+            "--bind-address=127.0.0.1",
+            f"--feature-gates={_gates(self.feature_gates)}",
+        ]
+        kcm_port = _free_port()
+        kcm = self._spawn("kube-controller-manager", bin_dir / "kube-controller-manager", [
+            *common,
+            f"--secure-port={kcm_port}",
+            f"--cert-dir={work / 'kube-controller-manager'}",
+            "--leader-elect=false",
+            f"--controllers={','.join(self.controllers)}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+        ])  # fmt: skip
+        scheduler_config = work / "scheduler.yaml"
+        scheduler_config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": kubeconfig},
+                    "leaderElection": {"leaderElect": False},
+                },
+                indent=2,
+            )
+        )
+        sched_port = _free_port()
+        scheduler = self._spawn("kube-scheduler", bin_dir / "kube-scheduler", [
+            *[a for a in common if not a.startswith("--kubeconfig=")],
+            f"--config={scheduler_config}",
+            f"--secure-port={sched_port}",
+            f"--cert-dir={work / 'kube-scheduler'}",
+        ])  # fmt: skip
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certs of KCM and scheduler; loopback only
+        self._wait(kcm, f"https://127.0.0.1:{kcm_port}/healthz", deadline, context=insecure)
+        self._wait(scheduler, f"https://127.0.0.1:{sched_port}/healthz", deadline, context=insecure)
+
+    def _spawn(self, name: str, binary: Path, args: list[str]) -> _Component:
+        log_path = self.work_dir / "logs" / f"{name}.log"
+        log_file = log_path.open("wb")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
+        env.pop("KUBECONFIG", None)
+        process = subprocess.Popen(
+            [str(binary), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.work_dir,
+            preexec_fn=_die_with_parent,
+        )
+        comp = _Component(name=name, process=process, log_path=log_path, log_file=log_file)
+        self._components.append(comp)
+        return comp
+
+    def _wait(
+        self,
+        comp: _Component,
+        url: str,
+        deadline: float,
+        ok: Callable[[bytes], bool] = lambda body: True,
+        *,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
+        last = ""
+        while time.monotonic() < deadline:
+            code = comp.process.poll()
+            if code is not None:
+                raise ControlPlaneError(f"{comp.name} exited with {code} while starting:\n{comp.log_tail()}")
+            try:
+                # No proxies for loopback, whatever the environment says.
+                handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+                if url.startswith("https"):
+                    handlers.append(urllib.request.HTTPSHandler(context=context or self._ssl))
+                with urllib.request.build_opener(*handlers).open(url, timeout=5) as resp:
+                    body = resp.read()
+                    if resp.status == 200 and ok(body):
+                        return
+                    last = f"HTTP {resp.status}: {body[:200]!r}"
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read()[:300]!r}"
+            except (OSError, ssl.SSLError) as e:
+                last = repr(e)
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"{comp.name} not ready at {url} within {self.start_timeout:.0f}s (last: {last}):\n{comp.log_tail()}"
+        )
+
+    def _write_kubeconfig(self, path: Path, pki: Pki) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "dra-test", "cluster": {"server": self.server, "certificate-authority": str(pki.ca_cert)}}
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {"client-certificate": str(pki.client_cert), "client-key": str(pki.client_key)},
+                }
+            ],
+            "contexts": [{"name": "dra-test", "context": {"cluster": "dra-test", "user": "admin"}}],
+            "current-context": "dra-test",
+        }
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)
+        return path

@@ -1,0 +1,161 @@
+"""The ResourceSlices we build are accepted, unchanged, by a real kube-apiserver (1.36, DRA gates on), and the
+server's validation is real: slices that break its rules are refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from dra_driver.nvml.discovery import discover
+from dra_driver.simulator.catalog import machine_names
+from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.slices.builder import PublishMode, build_slices
+from dra_driver.slices.model import DeviceTaint, ResourceSlice
+from tests.cluster.controlplane import ControlPlane
+
+NODE = "slice-test-node"
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: ControlPlane) -> Iterator[tuple[str, str]]:
+    uid = control_plane.create_node(NODE, labels={"nvidia.com/gpu.present": "true"})
+    yield NODE, uid
+    control_plane.delete_node(NODE)
+
+
+def _slices(
+    machine: str, tmp_path: Path, node: tuple[str, str], version: str, mode: PublishMode
+) -> list[ResourceSlice]:
+    sim = SimulatedNvml(machine, tmp_path / "sim")
+    inventory = discover(sim, sim.sysfs_root)
+    name, uid = node
+    return build_slices(inventory, node_name=name, node_uid=uid, k8s_version=version, mode=mode)
+
+
+def _as_list(slices: list[dict[str, Any]]) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
+
+
+def _server_slices(cp: ControlPlane, node_name: str) -> dict[str, Any]:
+    listed = cp.kubectl_json("get", "resourceslices", f"--field-selector=spec.nodeName={node_name}")
+    return {s["metadata"]["name"]: s for s in listed["items"]}
+
+
+def _delete_slices(cp: ControlPlane, node_name: str) -> None:
+    cp.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node_name}", "--wait=true")
+
+
+def _differences(ours: Any, theirs: Any, path: str = "spec") -> list[str]:
+    """Where the server's copy differs from what we sent (dropped, added or rewritten fields)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        out: list[str] = []
+        for key in sorted(set(ours) | set(theirs)):
+            if key not in ours or key not in theirs:
+                out.append(f"{path}.{key}: sent {ours.get(key)!r}, server has {theirs.get(key)!r}")
+            else:
+                out += _differences(ours[key], theirs[key], f"{path}.{key}")
+        return out
+    if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
+        return [
+            d for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) for d in _differences(a, b, f"{path}[{i}]")
+        ]
+    return [] if ours == theirs else [f"{path}: sent {ours!r}, server has {theirs!r}"]
+
+
+def _apply_and_compare(cp: ControlPlane, slices: list[dict[str, Any]], node: tuple[str, str], what: str) -> None:
+    """Create the pool, check the server kept every field as sent, then delete it."""
+    node_name = node[0]
+    try:
+        proc = cp.kubectl("create", "-f", "-", input=_as_list(slices), check=False)
+        assert proc.returncode == 0, f"the server rejected {what}:\n{proc.stderr}"
+        on_server = _server_slices(cp, node_name)
+        assert sorted(on_server) == sorted(s["metadata"]["name"] for s in slices)
+        for ours in slices:
+            theirs = on_server[ours["metadata"]["name"]]
+            assert len(theirs["spec"].get("devices", [])) == len(ours["spec"].get("devices", []))
+            for device in theirs["spec"].get("devices", []):
+                for taint in device.get("taints", []):
+                    assert taint.pop("timeAdded")  # the server stamps taints that come without one
+            assert _differences(ours["spec"], theirs["spec"]) == [], f"{what}: {ours['metadata']['name']}"
+            assert theirs["metadata"]["ownerReferences"][0]["uid"] == node[1]
+        table = cp.kubectl("get", "resourceslices", f"--field-selector=spec.nodeName={node_name}")
+        assert len(table.stdout.strip().splitlines()) == len(slices) + 1  # header + one row per slice
+    finally:
+        _delete_slices(cp, node_name)
+    assert _server_slices(cp, node_name) == {}
+
+
+@pytest.mark.parametrize("mode", list(PublishMode), ids=str)
+@pytest.mark.parametrize("version", ["1.35", "1.36"])
+@pytest.mark.parametrize("machine", machine_names())
+def test_server_accepts_our_slices(
+    control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path, machine: str, version: str, mode: PublishMode
+) -> None:
+    slices = [s.to_api() for s in _slices(machine, tmp_path, node, version, mode)]
+    _apply_and_compare(control_plane, slices, node, f"{machine}/{version}/{mode}")
+
+
+@pytest.mark.parametrize("effect", ["NoSchedule", "NoExecute", "None"])
+def test_server_keeps_device_taints(
+    control_plane: ControlPlane,
+    node: tuple[str, str],
+    tmp_path: Path,
+    effect: Literal["None", "NoSchedule", "NoExecute"],
+) -> None:
+    sim = SimulatedNvml("dgx-h200", tmp_path / "sim")
+    inventory = discover(sim, sim.sysfs_root)
+    taints = {"gpu-0": [DeviceTaint(key="example.com/unhealthy", value="xid-79", effect=effect)]}
+    slices = build_slices(inventory, node_name=node[0], node_uid=node[1], k8s_version="1.36", taints=taints)
+    _apply_and_compare(control_plane, [s.to_api() for s in slices], node, f"a {effect} taint")
+
+
+def _partitionable_h200(tmp_path: Path, node: tuple[str, str], version: str) -> list[dict[str, Any]]:
+    return [s.to_api() for s in _slices("dgx-h200", tmp_path, node, version, PublishMode.PARTITIONABLE)]
+
+
+def _create(cp: ControlPlane, obj: dict[str, Any]) -> str:
+    proc = cp.kubectl("create", "-f", "-", input=json.dumps(obj), check=False)
+    if proc.returncode == 0:
+        _delete_slices(cp, obj["spec"]["nodeName"])
+        pytest.fail(f"the server accepted an invalid slice: {proc.stdout}")
+    return proc.stderr
+
+
+def test_server_rejects_65_devices_with_counters(
+    control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path
+) -> None:
+    slices = _partitionable_h200(tmp_path, node, "1.36")
+    devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
+    assert len(devices) >= 65
+    bad = slices[1]
+    bad["metadata"]["name"] = "too-many-devices"
+    bad["spec"]["devices"] = devices[:65]
+    err = _create(control_plane, bad)
+    assert "spec.devices: Too many: 65: must have at most 64 items" in err, err
+
+
+def test_server_accepts_64_devices_with_counters(
+    control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path
+) -> None:
+    """The control for the test above: the same slice one device shorter is fine."""
+    slices = _partitionable_h200(tmp_path, node, "1.36")
+    devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
+    ok = slices[1]
+    ok["metadata"]["name"] = "just-enough-devices"
+    ok["spec"]["devices"] = devices[:64]
+    try:
+        control_plane.kubectl("create", "-f", "-", input=json.dumps(ok))
+    finally:
+        _delete_slices(control_plane, node[0])
+
+
+def test_server_rejects_the_1_34_layout(control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path) -> None:
+    """1.34 kept a GPU's counter set and devices in one slice; from 1.35 a slice may hold only one of them."""
+    slices = _partitionable_h200(tmp_path, node, "1.34")
+    assert slices[0]["spec"].get("sharedCounters") and slices[0]["spec"].get("devices")
+    err = _create(control_plane, slices[0])
+    assert "only one of `sharedCounters` or `devices` is allowed" in err, err
