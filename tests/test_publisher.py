@@ -155,3 +155,19 @@ def test_two_publishers_two_nodes(control_plane, node_publisher) -> None:
     )
     assert {o["spec"]["nodeName"] for o in pool(control_plane, "pub-a")} == {"pub-a"}
     assert len(pool(control_plane, "pub-b")[0]["spec"]["devices"]) == 8  # A100s with MIG off: whole GPUs
+
+
+def test_api_server_stopped_and_restarted_mid_publish(control_plane, node_publisher) -> None:
+    pub, desired = node_publisher("pub-outage")
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-outage", 9, 1))
+    control_plane.stop_apiserver()
+    try:
+        desired.taints = {"gpu-5": [DeviceTaint(key="gpu.dra-driver.dev/lost", effect="NoExecute")]}
+        pub.trigger()
+        wait_for("a failed attempt", lambda: pub.stats.errors > 0, timeout=30)
+        assert not pub.in_sync.is_set() and pub.last_error
+    finally:
+        control_plane.start_apiserver()
+    wait_for("republished after the outage", lambda: pool_complete(control_plane, "pub-outage", 9, 2), timeout=90)
+    tainted = [d for o in pool(control_plane, "pub-outage") for d in o["spec"].get("devices") or [] if d.get("taints")]
+    assert [d["name"] for d in tainted] == ["gpu-5"]

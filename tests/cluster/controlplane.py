@@ -189,6 +189,7 @@ class _Component:
     process: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes] = field(repr=False)
+    command: list[str] = field(default_factory=list)
 
     def log_tail(self) -> str:
         try:
@@ -358,6 +359,38 @@ class ControlPlane:
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
 
+    def stop_apiserver(self) -> None:
+        """Kill kube-apiserver (SIGKILL: no graceful shutdown), leaving etcd and the rest running."""
+        comp = self._component("kube-apiserver")
+        comp.process.kill()
+        comp.process.wait(timeout=10)
+
+    def start_apiserver(self, timeout: float = 60.0) -> None:
+        """Start kube-apiserver again, same port and flags, and wait until it is ready."""
+        comp = self._component("kube-apiserver")
+        if comp.process.poll() is None:
+            raise ControlPlaneError("kube-apiserver is still running")
+        comp.log_file.close()
+        comp.log_file = comp.log_path.open("ab")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
+        env.pop("KUBECONFIG", None)
+        comp.process = subprocess.Popen(
+            comp.command,
+            stdin=subprocess.DEVNULL,
+            stdout=comp.log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.work_dir,
+            preexec_fn=_die_with_parent,
+        )
+        self._wait(comp, f"{self.server}/readyz", time.monotonic() + timeout)
+
+    def _component(self, name: str) -> _Component:
+        for comp in self._components:
+            if comp.name == name:
+                return comp
+        raise ControlPlaneError(f"no component {name} (is the control plane started?)")
+
     def log_tails(self) -> str:
         return "\n".join(f"--- {c.name} ({c.log_path})\n{c.log_tail()}" for c in self._components)
 
@@ -479,7 +512,9 @@ class ControlPlane:
             cwd=self.work_dir,
             preexec_fn=_die_with_parent,
         )
-        comp = _Component(name=name, process=process, log_path=log_path, log_file=log_file)
+        comp = _Component(
+            name=name, process=process, log_path=log_path, log_file=log_file, command=[str(binary), *args]
+        )
         self._components.append(comp)
         return comp
 
