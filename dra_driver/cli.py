@@ -117,6 +117,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
+    args.k8s_version_given = any(a == "--k8s-version" or a.startswith("--k8s-version=") for a in sys.argv)
     from dra_driver.daemon import DaemonOptions, run
     from dra_driver.plugin.driver import PluginSettings
 
@@ -127,7 +128,10 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         cdi_root=args.cdi_root,
         mode=PublishMode(args.mode),
     )
-    options = DaemonOptions(settings, args.registry_dir, args.kubeconfig, args.metrics_port)
+    version = args.k8s_version if args.k8s_version_given else None
+    options = DaemonOptions(
+        settings, args.registry_dir, args.kubeconfig, args.metrics_port, version, args.rediscover_seconds
+    )
     run(options, open_source(args.sim, args.sim_state, args.sysfs_root))
     return 0
 
@@ -152,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_slice_args(demo)
     demo.set_defaults(func=cmd_demo)
 
-    plugin = sub.add_parser("plugin", help="run the kubelet plugin of this node until SIGTERM")
+    plugin = sub.add_parser("plugin", help="run this node's publisher and kubelet plugin until SIGTERM")
     _add_nvml_args(plugin)
     _add_slice_args(plugin)
     plugin.add_argument("--kubeconfig", type=Path, help="default: in-cluster service account")
@@ -160,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
     plugin.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    plugin.add_argument("--rediscover-seconds", type=float, default=60.0, help="how often to look at the GPUs again")
     plugin.set_defaults(func=cmd_plugin)
 
     sim = sub.add_parser("sim", help="simulated machines")

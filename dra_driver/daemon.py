@@ -1,7 +1,7 @@
-"""The node daemon: the kubelet plugin (claims) for this node, with its metrics endpoint.
+"""The node daemon: this node's ResourceSlice publisher and its kubelet plugin, in one process.
 
-Runs until SIGTERM/SIGINT, then removes its sockets. Publishing this node's ResourceSlices is the
-controller's job (dra_driver/controller), started beside it.
+Runs until SIGTERM/SIGINT, then removes its sockets. GPUs are rediscovered periodically; when what the node
+should publish changes (a GPU appears or disappears, a UUID or driver version changes), the pool is republished.
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from dra_driver.controller.publisher import Publisher
+from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
 from dra_driver.plugin.checkpoint import current_boot_id
 from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.grpc.server import PluginServer
+from dra_driver.slices.builder import build_slices
+from dra_driver.slices.model import ResourceSlice
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,16 @@ class DaemonOptions:
     registry_dir: Path
     kubeconfig: Path | None
     metrics_port: int | None
+    k8s_version: str | None = None  # None: ask the API server
+    rediscover_seconds: float = 60.0
+
+
+def server_minor(api_client: Any) -> str:
+    """`1.<minor>` of the API server, for the slice layout and limits."""
+    from kubernetes import client
+
+    info = client.VersionApi(api_client).get_code()
+    return f"{info.major}.{str(info.minor).rstrip('+')}"
 
 
 def kube_api_client(kubeconfig: Path | None) -> Any:
@@ -43,15 +57,31 @@ def kube_api_client(kubeconfig: Path | None) -> Any:
 
 def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
-    claims = KubeClaimSource(kube_api_client(options.kubeconfig))
+    api = kube_api_client(options.kubeconfig)
     driver = Driver(
         options.settings,
         source.lib,
-        claims,
+        KubeClaimSource(api),
         sysfs_root=source.sysfs_root,
         proc_root=source.proc_root,
         boot_id=current_boot_id(),
     )
+    settings = options.settings
+    version = options.k8s_version or server_minor(api)
+
+    def desired(generation: int, node_uid: str | None) -> list[ResourceSlice]:
+        return build_slices(
+            driver.inventory,
+            node_name=settings.pool,
+            driver=settings.driver,
+            k8s_version=version,
+            mode=settings.mode,
+            generation=generation,
+            node_uid=node_uid,
+        )
+
+    desired(1, None)  # fail now, not in the background, if this node cannot be expressed in this version
+    publisher = Publisher(api, node_name=settings.pool, driver=settings.driver, desired=desired)
     # Prepares of different claims run in parallel: the driver serialises device changes itself.
     server = PluginServer(
         driver, options.settings.driver, options.settings.plugin_dir, options.registry_dir, serialize=False
@@ -60,10 +90,30 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         start_http_server(options.metrics_port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    publisher.start()
     server.start()
-    log.info("plugin %s serving on %s", options.settings.driver, server.dra_socket_path)
+    log.info(
+        "plugin %s serving on %s, publishing pool %s for Kubernetes %s",
+        settings.driver,
+        server.dra_socket_path,
+        settings.pool,
+        version,
+    )
     try:
-        stop.wait()
+        while not stop.wait(options.rediscover_seconds):
+            if rediscover(driver, source):
+                publisher.trigger()
     finally:
         server.stop()
+        publisher.stop()
         driver.close()
+
+
+def rediscover(driver: Driver, source: NvmlSource) -> bool:
+    """Look at the GPUs again; True when the published devices would change."""
+    try:
+        inventory = discover(source.lib, source.sysfs_root)
+    except DiscoveryError as e:  # e.g. a GPU fell off the bus: keep publishing what we had
+        log.warning("rediscovery failed: %s", e)
+        return False
+    return driver.refresh_inventory(inventory)

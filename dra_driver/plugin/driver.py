@@ -23,6 +23,7 @@ from dra_driver.cdi.spec import cdi_device_id, claim_spec
 from dra_driver.cdi.store import CdiStore
 from dra_driver.nvml.api import NvmlLibrary
 from dra_driver.nvml.discovery import discover
+from dra_driver.nvml.inventory import Inventory
 from dra_driver.nvml.mig import (
     LiveMig,
     MigError,
@@ -93,6 +94,15 @@ class Driver:
 
     def close(self) -> None:
         self.lib.nvmlShutdown()
+
+    def refresh_inventory(self, inventory: Inventory) -> bool:
+        """Adopt a new discovery; True when the devices this node publishes changed (MIG instances that the
+        driver itself carves do not count: they are not published)."""
+        catalog = build_catalog(inventory, self.settings.mode)
+        with self._thread_lock:
+            changed = {n: e.device for n, e in catalog.items()} != {n: e.device for n, e in self.catalog.items()}
+            self.inventory, self.catalog = inventory, catalog
+        return changed
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

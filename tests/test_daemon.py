@@ -1,0 +1,65 @@
+"""The node daemon as deployed: one process publishing the node's pool and serving the kubelet, against a real
+control plane, with the kubelet played over the real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+
+from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
+from tests.kubelet_harness import KubeletHarness
+from tests.plugin_helpers import GPU_CLASS, claim, ref
+from tests.test_plugin_apiserver import _create
+from tests.test_publisher import pool, pool_complete, wait_for
+
+NODE = "daemon-node"
+
+
+def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) -> None:
+    cp = control_plane
+    cp.create_node(NODE)
+    state = tmp_path / "gpu"
+    sockets = Path(f"/tmp/dra-daemon-{os.getpid()}")
+    cmd = [sys.executable, "-m", "dra_driver", "plugin", "--sim", "dgx-a100", "--sim-state", str(state),
+           "--node-name", NODE, "--kubeconfig", str(cp.kubeconfig), "--plugin-dir", str(sockets / "plugin"),
+           "--registry-dir", str(sockets / "registry"), "--cdi-root", str(tmp_path / "cdi"),
+           "--rediscover-seconds", "0.5"]  # fmt: skip
+    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kubelet = KubeletHarness(sockets / "registry", DRIVER)
+    try:
+        wait_for("pool published", lambda: pool_complete(cp, NODE, 1, 1), timeout=60)  # A100s, MIG off: whole GPUs
+        assert len(pool(cp, NODE)[0]["spec"]["devices"]) == 8
+        kubelet.register()
+        cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                                         "metadata": {"name": "daemon-gpu"},
+                                                         "spec": GPU_CLASS["spec"]}))  # fmt: skip
+        created = _create(cp, claim(["gpu-4"], device_class="daemon-gpu", pool=NODE))
+        c_ref = ref(created)
+        result = kubelet.prepare([c_ref])[c_ref.uid]
+        assert result.error == "" and result.devices[0].device == "gpu-4"
+        assert len(list((tmp_path / "cdi").glob("*.json"))) == 1
+        assert kubelet.unprepare([c_ref]) == {c_ref.uid: ""}
+
+        # An operator switches MIG on for GPU 0 and resets it: its partitions appear in the pool.
+        sim = SimulatedNvml("dgx-a100", state)
+        sim.nvmlInit()
+        sim.nvmlDeviceSetMigMode(sim.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_DEVICE_MIG_ENABLE)
+        sim.reset_gpu(0)
+        wait_for("republished with MIG partitions", lambda: pool_complete(cp, NODE, 3, 2), timeout=60)
+        names = {d["name"] for o in pool(cp, NODE) for d in o["spec"].get("devices") or []}
+        assert "gpu-0" not in names and "gpu-0-mig-3g20gb-9-4" in names
+    finally:
+        kubelet.close()
+        daemon.send_signal(signal.SIGTERM)
+        out, _ = daemon.communicate(timeout=60)
+        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}", "--ignore-not-found")
+        cp.delete_node(NODE)
+    assert daemon.returncode == 0, out
+    assert not list((sockets / "registry").glob("*.sock")) and not (sockets / "plugin" / "dra.sock").exists()
