@@ -165,3 +165,20 @@ def test_scenarios_file_is_self_consistent() -> None:
     names = [c["metadata"]["name"] for cs in SCENARIOS.values() for c in cs]
     assert len(names) == len(set(names))
     assert Path(__file__).is_file()
+
+
+def test_simulate_explains_a_pending_claim_of_a_live_cluster(cluster) -> None:
+    import subprocess
+    import sys
+
+    cp, _ = cluster
+    claims = SCENARIOS["whole GPUs until the node is full"]
+    try:
+        assert [_schedule(cp, c) is not None for c in claims] == [True, True, False]
+        out = subprocess.run([sys.executable, "-m", "dra_driver", "simulate", "--kubeconfig", str(cp.kubeconfig),
+                              "--node", NODE], capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 3, out.stderr
+        assert "claim diff/one-too-many" in out.stdout and "cannot be allocated" in out.stdout
+        assert "8 already allocated" in out.stdout, out.stdout  # the two earlier claims hold all 8 GPUs
+    finally:
+        _cleanup(cp)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from pydantic import ValidationError
 
@@ -28,9 +28,15 @@ def add_subcommand(subparsers: Any) -> None:
         description="Allocate ResourceClaims against ResourceSlices with the kube-scheduler's structured "
         "allocator semantics. Exit 0 if every claim is allocated, 3 if one is not, 1 on bad input.",
     )
-    p.add_argument("--slices", nargs="+", required=True, metavar="FILE", help="ResourceSlices (YAML/JSON, - = stdin)")
-    p.add_argument("--classes", nargs="+", required=True, metavar="FILE", help="DeviceClasses (YAML/JSON)")
-    p.add_argument("--claims", nargs="+", required=True, metavar="FILE", help="ResourceClaims (YAML/JSON)")
+    p.add_argument("--slices", nargs="+", default=[], metavar="FILE", help="ResourceSlices (YAML/JSON, - = stdin)")
+    p.add_argument("--classes", nargs="+", default=[], metavar="FILE", help="DeviceClasses (YAML/JSON)")
+    p.add_argument("--claims", nargs="+", default=[], metavar="FILE", help="ResourceClaims (YAML/JSON)")
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="also read ResourceSlices, DeviceClasses and ResourceClaims from this cluster: its pending claims "
+        "are explained, its allocated ones count as taken",
+    )
     p.add_argument("--allocated", nargs="*", default=[], metavar="FILE", help="claims already allocated")
     p.add_argument("--node", help="the node to allocate on (default: the first node where the claims fit)")
     p.add_argument(
@@ -48,6 +54,11 @@ def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         slices = load_objects(args.slices, "ResourceSlice")
         classes = load_objects(args.classes, "DeviceClass")
         claims = load_objects(args.claims, "ResourceClaim")
+        if args.kubeconfig:
+            cluster_slices, cluster_classes, cluster_claims = _from_cluster(args.kubeconfig)
+            slices, classes, claims = slices + cluster_slices, classes + cluster_classes, cluster_claims + claims
+        if not slices or not claims:
+            raise InputError("no ResourceSlices or no ResourceClaims: give files, or --kubeconfig")
         allocated = load_objects(args.allocated)
         report = simulate(slices, classes, claims, args.node, allocated, together=args.together)
     except (InputError, ValidationError, QuantityError, KeyError, TypeError, ValueError) as err:
@@ -59,6 +70,20 @@ def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     else:
         _text(report, _device_attributes(slices), out)
     return EXIT_OK if report.all_allocated else EXIT_UNALLOCATED
+
+
+def _from_cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Slices, classes and claims (oldest first, as the scheduler meets them) of a live cluster."""
+    from kubernetes import client, config
+
+    objects = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
+
+    def items(plural: str) -> list[dict[str, Any]]:
+        listed = cast(dict[str, Any], objects.list_cluster_custom_object("resource.k8s.io", "v1", plural))
+        return list(listed["items"])
+
+    claims = sorted(items("resourceclaims"), key=lambda c: c["metadata"].get("creationTimestamp", ""))
+    return items("resourceslices"), items("deviceclasses"), claims
 
 
 def _message(err: Exception) -> str:
