@@ -41,6 +41,9 @@ class Selector:
 
     def matches(self, device: CelDevice) -> bool:
         """True/False, or `CelRuntimeError` (missing key, overflow, non-bool result, cost limit...)."""
+        # Convert first (once per instance, cached): as in Kubernetes, a device with an invalid attribute is an
+        # error whatever the expression reads, so a memoised answer must not hide it.
+        device.cel_parts  # noqa: B018
         key = self._keys.key(device)
         cached = self._memo.get(key)  # a plain dict read is atomic under the GIL; writes take the lock
         if cached is None:
