@@ -77,6 +77,21 @@ def _deref(ref: Any) -> Any:
     return getattr(ref, "_obj", ref)
 
 
+def _fill(handles: list[Any], array_ref: Any, count_ref: Any) -> int:
+    """NVML's array-out convention: a NULL array asks for the count; too small an array is INSUFFICIENT_SIZE."""
+    count = _deref(count_ref)
+    if array_ref is None or count.value < len(handles):
+        count.value = len(handles)
+        if array_ref is not None:
+            _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        return int(pynvml.NVML_SUCCESS)
+    array = _deref(array_ref)
+    for i, h in enumerate(handles):
+        array[i] = h
+    count.value = len(handles)
+    return int(pynvml.NVML_SUCCESS)
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -410,17 +425,7 @@ class SimulatedNvml:
         index, gpu, prod = self._mig_enabled_gpu(handle)
         p = self._profile_by_id(prod, profile_id)
         found = sorted((gi for gi in gpu.gpu_instances if gi.profile_id == p.id), key=lambda gi: gi.id)
-        count = _deref(count_ref)
-        if instances_ref is None or count.value < len(found):
-            count.value = len(found)
-            if instances_ref is not None:
-                _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-            return int(pynvml.NVML_SUCCESS)
-        array = _deref(instances_ref)
-        for i, gi in enumerate(found):
-            array[i] = self._gi_handle(index, gi.id)
-        count.value = len(found)
-        return int(pynvml.NVML_SUCCESS)
+        return _fill([self._gi_handle(index, gi.id) for gi in found], instances_ref, count_ref)
 
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> Any:
         index, gpu, _ = self._mig_enabled_gpu(handle)
@@ -505,17 +510,7 @@ class SimulatedNvml:
         index, _, prod, gi = self._gi(gpu_instance)
         self._ci_slices(mig_rules.profile_by_id(prod, gi.profile_id).compute_slices, profile_id)
         found = sorted((ci for ci in gi.compute_instances if ci.profile_id == profile_id), key=lambda ci: ci.id)
-        count = _deref(count_ref)
-        if instances_ref is None or count.value < len(found):
-            count.value = len(found)
-            if instances_ref is not None:
-                _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-            return int(pynvml.NVML_SUCCESS)
-        array = _deref(instances_ref)
-        for i, ci in enumerate(found):
-            array[i] = self._ci_handle(index, gi.id, ci.id)
-        count.value = len(found)
-        return int(pynvml.NVML_SUCCESS)
+        return _fill([self._ci_handle(index, gi.id, ci.id) for ci in found], instances_ref, count_ref)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gpu_instance: Any, compute_instance_id: int) -> Any:
         index, _, _, gi = self._gi(gpu_instance)
