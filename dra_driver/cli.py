@@ -109,11 +109,9 @@ def cmd_sim_list(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    print(f"simulated node {args.sim}: discovering GPUs through the NVML simulator (no GPU, no cluster)")
-    inv = _discover(args)
-    _print_table(inv, _slices(args, inv))
-    print("\nfull objects: dra-driver inventory --sim", args.sim, "-o yaml")
-    return 0
+    from dra_driver.demo import run_demo
+
+    return run_demo(args.sim, args.driver)
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
@@ -149,11 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("-o", "--output", choices=["yaml", "json", "table", "inventory"], default="yaml")
     inv.set_defaults(func=cmd_inventory)
 
-    demo = sub.add_parser("demo", help="run on a built-in simulated node (no GPU, no cluster)")
+    demo = sub.add_parser("demo", help="the whole flow on a built-in simulated node (no GPU, no cluster)")
     demo.add_argument("--sim", default="dgx-h100", metavar="MACHINE")
-    demo.add_argument("--sim-state", type=Path)
-    demo.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
-    _add_slice_args(demo)
+    demo.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (a DNS subdomain)")
     demo.set_defaults(func=cmd_demo)
 
     plugin = sub.add_parser("plugin", help="run this node's publisher and kubelet plugin until SIGTERM")

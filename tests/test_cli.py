@@ -74,3 +74,6 @@ def test_demo_runs_on_the_simulated_node(tmp_path: Path) -> None:
     out = _run("demo", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "NVIDIA H100 80GB HBM3" in out.stdout and "208 devices" in out.stdout
+    assert "gpu-4-mig-4g40gb-5-0" in out.stdout and "why is claim nine-gpus Pending?" in out.stdout
+    assert "MIG instances left: 0; CDI specs left: 0" in out.stdout
+    assert out.stdout.rstrip().endswith("demo finished: everything prepared and released")

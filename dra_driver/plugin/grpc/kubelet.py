@@ -1,0 +1,245 @@
+"""A stand-in for the kubelet that talks to the plugin over its real Unix sockets.
+
+It does what the kubelet's plugin watcher and DRA manager do (kubernetes ``pkg/kubelet/pluginmanager`` and
+``pkg/kubelet/cm/dra/plugin``): find ``*-reg.sock`` in the plugin registry directory, call ``GetInfo``, validate the
+answer, report the verdict with ``NotifyRegistrationStatus``, then dial the advertised endpoint and call
+``NodePrepareResources`` / ``NodeUnprepareResources`` with a 45 s timeout, preferring the v1 service over v1beta1.
+
+Responses are decoded into the plugin's own types (:class:`PrepareResult`, error strings), so tests can compare
+them with what the fake preparer returned; the ``*_raw`` variants return the protobuf messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from dra_driver.plugin.grpc import protos, rpc
+from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
+
+KUBELET_CALL_TIMEOUT_S = 45.0  # defaultClientCallTimeout in the kubelet's DRA plugin client
+CONNECT_TIMEOUT_S = 5.0  # the kubelet waits 1 s; a loaded test machine needs more
+DRA_PLUGIN_TYPE = "DRAPlugin"
+VERSION_PREFERENCE = ("v1", "v1beta1")  # what the kubelet prefers, first first
+
+
+class RegistrationError(RuntimeError):
+    """The plugin's GetInfo answer was rejected (the harness told the plugin so, like the kubelet)."""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """A decoded GetInfo answer."""
+
+    type: str
+    name: str
+    endpoint: str
+    supported_versions: list[str] = field(default_factory=list)
+
+
+def _has_share_id(device: Any) -> bool:
+    """v1 Device.share_id is optional (presence tracked); v1beta1 has no such field."""
+    return "share_id" in device.DESCRIPTOR.fields_by_name and bool(device.HasField("share_id"))
+
+
+def _unix_target(path: Path | str) -> str:
+    return f"unix:{path}"
+
+
+def _wait_ready(channel: grpc.Channel, target: str, timeout: float) -> None:
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError as exc:
+        raise TimeoutError(f"cannot connect to {target} within {timeout} s") from exc
+
+
+class KubeletHarness:
+    """Plays the kubelet for one driver. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, registry_dir: Path | str, driver_name: str | None = None) -> None:
+        self.registry_dir = Path(registry_dir)
+        self.driver_name = driver_name
+        self._pb = protos.load()
+        self.info: PluginInfo | None = None
+        self.registration_socket: Path | None = None
+        self._dra_channel: grpc.Channel | None = None
+
+    # -- registration
+
+    def find_registration_socket(self, timeout: float = 10.0, poll_s: float = 0.05) -> Path:
+        """Wait for a ``*-reg.sock`` socket in the registry directory (``<driver>-reg.sock`` if the driver is known).
+
+        The kubelet uses inotify; polling is good enough here.
+        """
+        pattern = f"{self.driver_name}-reg.sock" if self.driver_name else "*-reg.sock"
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.registry_dir.is_dir():
+                for candidate in sorted(self.registry_dir.glob(pattern)):
+                    try:
+                        if stat.S_ISSOCK(candidate.lstat().st_mode):
+                            return candidate
+                    except FileNotFoundError:
+                        continue
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no {pattern} socket appeared in {self.registry_dir} within {timeout} s")
+            time.sleep(poll_s)
+
+    def _registration_call(self, channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
+        return rpc.unary_call(channel, rpc.service_descriptor(self._pb.registration, "Registration"), method)
+
+    def get_info(self, socket: Path | None = None) -> PluginInfo:
+        """Call GetInfo on the registration socket (found if not given)."""
+        path = socket or self.find_registration_socket()
+        target = _unix_target(path)
+        with grpc.insecure_channel(target) as channel:
+            _wait_ready(channel, target, CONNECT_TIMEOUT_S)
+            answer: Any = self._registration_call(channel, "GetInfo")(
+                self._pb.registration.InfoRequest(), timeout=KUBELET_CALL_TIMEOUT_S
+            )
+        return PluginInfo(
+            type=answer.type,
+            name=answer.name,
+            endpoint=answer.endpoint,
+            supported_versions=list(answer.supported_versions),
+        )
+
+    def notify_registration_status(self, registered: bool, error: str = "", socket: Path | None = None) -> None:
+        """Call NotifyRegistrationStatus (raises grpc.RpcError if the plugin returns an error)."""
+        path = socket or self.find_registration_socket()
+        target = _unix_target(path)
+        with grpc.insecure_channel(target) as channel:
+            _wait_ready(channel, target, CONNECT_TIMEOUT_S)
+            self._registration_call(channel, "NotifyRegistrationStatus")(
+                self._pb.registration.RegistrationStatus(plugin_registered=registered, error=error),
+                timeout=KUBELET_CALL_TIMEOUT_S,
+            )
+
+    @staticmethod
+    def validate(info: PluginInfo, driver_name: str | None = None) -> list[str]:
+        """What the kubelet would reject in a DRA plugin's GetInfo answer; empty if nothing."""
+        problems: list[str] = []
+        if info.type != DRA_PLUGIN_TYPE:
+            problems.append(f"type is {info.type!r}, not {DRA_PLUGIN_TYPE!r}")
+        if not info.name:
+            problems.append("name is empty")
+        elif driver_name is not None and info.name != driver_name:
+            problems.append(f"name is {info.name!r}, not {driver_name!r}")
+        if not any(f"{v}.{DRA_PLUGIN_TYPE}" in info.supported_versions for v in VERSION_PREFERENCE):
+            problems.append(f"no supported DRA service among {info.supported_versions}")
+        endpoint = Path(info.endpoint)
+        if not endpoint.is_absolute():
+            problems.append(f"endpoint {info.endpoint!r} is not an absolute path")
+        else:
+            try:
+                if not stat.S_ISSOCK(endpoint.lstat().st_mode):
+                    problems.append(f"endpoint {info.endpoint} is not a socket")
+            except FileNotFoundError:
+                problems.append(f"endpoint {info.endpoint} does not exist")
+        return problems
+
+    def register(self, timeout: float = 10.0) -> PluginInfo:
+        """The whole handshake: find the socket, GetInfo, validate, NotifyRegistrationStatus.
+
+        On a rejected answer it reports plugin_registered=false (as the kubelet does) and raises RegistrationError.
+        """
+        socket = self.find_registration_socket(timeout)
+        info = self.get_info(socket)
+        problems = self.validate(info, self.driver_name)
+        if problems:
+            message = "; ".join(problems)
+            # the plugin answers a failed registration with an error, as the Go helper does
+            with contextlib.suppress(grpc.RpcError):
+                self.notify_registration_status(False, message, socket)
+            raise RegistrationError(message)
+        self.notify_registration_status(True, "", socket)
+        self.registration_socket = socket
+        self.info = info
+        return info
+
+    # -- DRA service
+
+    def _dra_module(self, version: str | None) -> ModuleType:
+        if self.info is None:
+            raise RuntimeError("register() first")
+        if version is None:
+            version = next(v for v in VERSION_PREFERENCE if f"{v}.{DRA_PLUGIN_TYPE}" in self.info.supported_versions)
+        elif f"{version}.{DRA_PLUGIN_TYPE}" not in self.info.supported_versions:
+            raise ValueError(f"the plugin does not offer {version}.{DRA_PLUGIN_TYPE}")
+        modules = {"v1": self._pb.dra_v1, "v1beta1": self._pb.dra_v1beta1}
+        if version not in modules:
+            raise ValueError(f"unknown DRA API version {version!r}")
+        return modules[version]
+
+    def _channel(self) -> grpc.Channel:
+        if self.info is None:
+            raise RuntimeError("register() first")
+        if self._dra_channel is None:
+            target = _unix_target(self.info.endpoint)
+            channel = grpc.insecure_channel(target)
+            try:
+                _wait_ready(channel, target, CONNECT_TIMEOUT_S)
+            except BaseException:
+                channel.close()
+                raise
+            self._dra_channel = channel
+        return self._dra_channel
+
+    @staticmethod
+    def _claims(pb: ModuleType, claims: list[ClaimRef]) -> list[Any]:
+        return [pb.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+    def prepare_raw(self, claims: list[ClaimRef], version: str | None = None) -> Any:
+        """NodePrepareResources; returns the response message. ``version``: "v1", "v1beta1" or None (prefer v1)."""
+        pb = self._dra_module(version)
+        call = rpc.unary_call(self._channel(), rpc.service_descriptor(pb, "DRAPlugin"), "NodePrepareResources")
+        return call(pb.NodePrepareResourcesRequest(claims=self._claims(pb, claims)), timeout=KUBELET_CALL_TIMEOUT_S)
+
+    def unprepare_raw(self, claims: list[ClaimRef], version: str | None = None) -> Any:
+        """NodeUnprepareResources; returns the response message."""
+        pb = self._dra_module(version)
+        call = rpc.unary_call(self._channel(), rpc.service_descriptor(pb, "DRAPlugin"), "NodeUnprepareResources")
+        return call(pb.NodeUnprepareResourcesRequest(claims=self._claims(pb, claims)), timeout=KUBELET_CALL_TIMEOUT_S)
+
+    def prepare(self, claims: list[ClaimRef], version: str | None = None) -> dict[str, PrepareResult]:
+        """NodePrepareResources, decoded: claim UID -> PrepareResult."""
+        response = self.prepare_raw(claims, version)
+        decoded: dict[str, PrepareResult] = {}
+        for uid, entry in response.claims.items():
+            devices = [
+                PreparedDevice(
+                    requests=list(d.request_names),
+                    pool=d.pool_name,
+                    device=d.device_name,
+                    cdi_device_ids=list(d.cdi_device_ids),
+                    share_id=d.share_id
+                    if "share_id" in d.DESCRIPTOR.fields_by_name and d.HasField("share_id")
+                    else None,
+                )
+                for d in entry.devices
+            ]
+            decoded[uid] = PrepareResult(devices=devices, error=entry.error)
+        return decoded
+
+    def unprepare(self, claims: list[ClaimRef], version: str | None = None) -> dict[str, str]:
+        """NodeUnprepareResources, decoded: claim UID -> error ("" on success)."""
+        response = self.unprepare_raw(claims, version)
+        return {uid: entry.error for uid, entry in response.claims.items()}
+
+    def close(self) -> None:
+        if self._dra_channel is not None:
+            self._dra_channel.close()
+            self._dra_channel = None
+
+    def __enter__(self) -> KubeletHarness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
