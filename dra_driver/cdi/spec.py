@@ -26,9 +26,16 @@ class DeviceNode(_Cdi):
     permissions: str = "rwm"
 
 
+class Mount(_Cdi):  # sharing (MPS)
+    host_path: str = Field(alias="hostPath")
+    container_path: str = Field(alias="containerPath")
+    options: list[str] | None = None
+
+
 class ContainerEdits(_Cdi):
     env: list[str] | None = None
     device_nodes: list[DeviceNode] | None = Field(default=None, alias="deviceNodes")
+    mounts: list[Mount] | None = None  # sharing (MPS)
 
 
 class CdiDevice(_Cdi):

@@ -45,6 +45,7 @@ class CheckpointedDevice(_Lenient):
     cdi_device_ids: list[str] = []
     admin_access: bool = False
     mig: LiveMig | None = None  # set once the MIG device exists
+    sharing: dict[str, Any] | None = None  # sharing settings applied (or being applied): dra_driver.sharing
 
 
 class ClaimEntry(_Lenient):

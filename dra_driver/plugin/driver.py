@@ -37,9 +37,10 @@ from dra_driver.nvml.mig import (
 from dra_driver.plugin.catalog import CatalogEntry, build_catalog, conflicts
 from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim
-from dra_driver.plugin.config import ConfigError, resolve
+from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
+from dra_driver.sharing import CommandRunner, SharingError, SharingManager, Target, default_runner, with_edits
 from dra_driver.slices.devices import PublishMode
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class _Planned:
     request: str
     entry: CatalogEntry
     admin_access: bool
+    config: GpuConfig | MigDeviceConfig | None = None  # sharing
 
 
 class Driver:
@@ -75,6 +77,7 @@ class Driver:
         sysfs_root: Path,
         proc_root: Path,
         boot_id: str,
+        sharing_runner: CommandRunner | None = None,  # None: the runner matching `lib` (sharing.default_runner)
     ) -> None:
         self.settings = settings
         self.lib = lib
@@ -87,6 +90,7 @@ class Driver:
         self._thread_lock = threading.Lock()
         self._lock_path = settings.plugin_dir / "pu.lock"
         self._boot_id = boot_id
+        self.sharing = SharingManager(sharing_runner or default_runner(lib), settings.plugin_dir)
         self.lib.nvmlInit()  # one long-lived NVML session: handle lookups stay cheap
         with self._locked():
             self.checkpoint = Checkpoint(settings.plugin_dir / "checkpoint.json", boot_id)
@@ -131,7 +135,7 @@ class Driver:
             try:
                 with self._locked():
                     out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, got, classes))
-            except (PrepareError, ConfigError, MigError, DevNodeError, OSError) as e:
+            except (PrepareError, ConfigError, MigError, DevNodeError, SharingError, OSError) as e:
                 log.warning("prepare %s/%s (%s) failed: %s", ref.namespace, ref.name, ref.uid, e)
                 out[ref.uid] = PrepareResult(error=str(e))
         return out
@@ -203,7 +207,12 @@ class Driver:
                     self.proc_root, gpu.minor, live.gi_id, live.ci_id
                 )
                 uuids.append(live.uuid)
-            self.cdi.write(ref.uid, claim_spec(self.settings.driver, ref.uid, nodes, uuids))
+            targets = [
+                Target(record, p.config, uuid, p.entry.profile is not None)
+                for p, record, uuid in zip(planned, entry.devices, uuids, strict=True)
+            ]
+            edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save)  # recorded in the checkpoint
+            self.cdi.write(ref.uid, with_edits(claim_spec(self.settings.driver, ref.uid, nodes, uuids), edits))
             entry.state = ClaimState.PREPARE_COMPLETED
             self.checkpoint.put(entry)
         except Exception:
@@ -251,8 +260,9 @@ class Driver:
             )
             if failure:
                 raise PrepareError(f"device {result.device}: {failure}")
-            resolve(allocation.config, self.settings.driver, result.request, _device_type(entry))
-            planned.append(_Planned(result.request, entry, admin))
+            config = resolve(allocation.config, self.settings.driver, result.request, _device_type(entry))
+            planned.append(_Planned(result.request, entry, admin, config))
+        self.sharing.validate([(p.entry.device.name, p.config, p.admin_access) for p in planned])
         return planned
 
     def _mig_for(self, p: _Planned, claim_uid: str) -> LiveMig:
@@ -298,13 +308,15 @@ class Driver:
                     if entry is not None:  # unknown claim: nothing to do, success
                         self._rollback(entry)
                 out[ref.uid] = ""
-            except (MigError, OSError) as e:
+            except (MigError, SharingError, OSError) as e:
                 log.warning("unprepare %s (%s) failed: %s", ref.name, ref.uid, e)
                 out[ref.uid] = str(e)
         return out
 
     def _rollback(self, entry: ClaimEntry) -> None:
-        """Undo a claim, whatever step it reached: MIG devices (CI, then GI), CDI spec, checkpoint entry."""
+        """Undo a claim, whatever step it reached: sharing (MPS daemon, time slices), MIG devices (CI, then GI),
+        CDI spec, checkpoint entry."""
+        self.sharing.undo(entry.uid, entry.devices)
         touched: set[str] = set()
         for d in entry.devices:
             cat = self.catalog.get(d.device)
@@ -330,6 +342,7 @@ class Driver:
                 "rolling back claim %s/%s (%s), interrupted while preparing", entry.namespace, entry.name, entry.uid
             )
             self._rollback(entry)
+        self.sharing.remove_orphans(set(self.checkpoint.claims))
         owned = {
             (d.mig.parent_uuid, d.mig.gi_id)
             for e in self.checkpoint.claims.values()
