@@ -38,5 +38,8 @@ def build_catalog(inventory: Inventory, mode: PublishMode) -> dict[str, CatalogE
 
 
 def conflicts(a: CatalogEntry, b: CatalogEntry) -> bool:
-    """Two devices of this node cannot be held at once: same GPU and overlapping memory slices."""
+    """Two devices of this node cannot be held at once: same GPU and overlapping memory slices; except a device
+    published for several claims (allowMultipleAllocations), whose sharing the scheduler accounts for."""
+    if a.device.name == b.device.name and a.device.allow_multiple_allocations:
+        return False
     return a.gpu.uuid == b.gpu.uuid and bool(a.memory_slices & b.memory_slices)

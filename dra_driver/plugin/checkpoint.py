@@ -44,6 +44,7 @@ class CheckpointedDevice(_Lenient):
     device: str
     cdi_device_ids: list[str] = []
     admin_access: bool = False
+    share_id: str | None = None  # the allocation's shareID, for devices several claims hold at once
     mig: LiveMig | None = None  # set once the MIG device exists
     sharing: dict[str, Any] | None = None  # sharing settings applied (or being applied): dra_driver.sharing
 

@@ -65,6 +65,7 @@ class _Planned:
     entry: CatalogEntry
     admin_access: bool
     config: GpuConfig | MigDeviceConfig | None = None  # sharing
+    share_id: str | None = None  # set for devices several claims hold at once (consumable capacity)
 
 
 class Driver:
@@ -185,6 +186,7 @@ class Driver:
                     device=p.entry.device.name,
                     cdi_device_ids=[cdi_device_id(self.settings.driver, ref.uid, p.entry.device.name)],
                     admin_access=p.admin_access,
+                    share_id=p.share_id,
                 )
                 for p in planned
             ],
@@ -261,7 +263,7 @@ class Driver:
             if failure:
                 raise PrepareError(f"device {result.device}: {failure}")
             config = resolve(allocation.config, self.settings.driver, result.request, _device_type(entry))
-            planned.append(_Planned(result.request, entry, admin, config))
+            planned.append(_Planned(result.request, entry, admin, config, result.share_id))
         self.sharing.validate([(p.entry.device.name, p.config, p.admin_access) for p in planned])
         return planned
 
@@ -294,7 +296,9 @@ class Driver:
 
     def _answer(self, entry: ClaimEntry) -> list[PreparedDevice]:
         return [
-            PreparedDevice(requests=d.requests, pool=d.pool, device=d.device, cdi_device_ids=d.cdi_device_ids)
+            PreparedDevice(
+                requests=d.requests, pool=d.pool, device=d.device, cdi_device_ids=d.cdi_device_ids, share_id=d.share_id
+            )
             for d in entry.devices
         ]
 

@@ -10,6 +10,8 @@ from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
 from dra_driver.slices import attributes as A
 from dra_driver.slices.counters import counter_totals, memory_slice_count, profile_capacities
 from dra_driver.slices.model import (
+    CapacityRange,
+    CapacityRequestPolicy,
     Counter,
     CounterSet,
     Device,
@@ -27,6 +29,7 @@ class PublishMode(StrEnum):
     PARTITIONABLE = "partitionable"  # whole GPUs + every MIG partition, carved at prepare (KEP-4815)
     STATIC = "static"  # whole GPUs with MIG off + the MIG devices that already exist; no counters
     GPUS = "gpus"  # whole GPUs only; no counters
+    SHARED = "shared"  # whole GPUs that several claims share, each taking part of the memory (consumable capacity)
 
 
 @dataclass
@@ -158,7 +161,34 @@ def _static(inv: Inventory, gpu: GpuInfo, include_mig: bool) -> GpuDevices:
     return group
 
 
+SHARED_MEMORY_MIN, SHARED_MEMORY_STEP = 1 << 30, 1 << 20  # at least 1 GiB per claim, in MiB steps
+
+
+def _shared(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
+    """A whole GPU that several claims may hold at once (KEP-5075 consumable capacity): the scheduler keeps the
+    sum of their `memory` requests within the GPU's memory. A claim that asks for no memory gets all of it, so it
+    holds the GPU alone."""
+    group = GpuDevices(minor=gpu.minor)
+    if gpu.mig_enabled:
+        log.warning("GPU %d has MIG enabled; not published as a shared GPU", gpu.minor)
+        return group
+    device = _whole_gpu(inv, gpu)
+    device.allow_multiple_allocations = True
+    whole = binary_quantity(gpu.memory_bytes)
+    device.capacity[A.CAP_MEMORY] = DeviceCapacity(
+        value=whole,
+        request_policy=CapacityRequestPolicy(
+            default=whole,
+            valid_range=CapacityRange(min=binary_quantity(SHARED_MEMORY_MIN), step=binary_quantity(SHARED_MEMORY_STEP)),
+        ),
+    )
+    group.devices.append(device)
+    return group
+
+
 def gpu_devices(inv: Inventory, gpu: GpuInfo, mode: PublishMode) -> GpuDevices:
     if mode is PublishMode.PARTITIONABLE:
         return _partitionable(inv, gpu)
+    if mode is PublishMode.SHARED:
+        return _shared(inv, gpu)
     return _static(inv, gpu, include_mig=mode is PublishMode.STATIC)

@@ -30,8 +30,20 @@ class DeviceAttribute(_ApiModel):
         raise ValueError("empty attribute")
 
 
+class CapacityRange(_ApiModel):
+    min: str
+    max: str | None = None
+    step: str | None = None
+
+
+class CapacityRequestPolicy(_ApiModel):
+    default: str | None = None
+    valid_range: CapacityRange | None = None
+
+
 class DeviceCapacity(_ApiModel):
     value: str
+    request_policy: CapacityRequestPolicy | None = None  # only with allowMultipleAllocations (consumable capacity)
 
 
 class Counter(_ApiModel):

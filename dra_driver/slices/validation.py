@@ -58,8 +58,10 @@ def _check_device(where: str, d: Device, limits: SliceLimits) -> None:
         value = attr.value()
         if isinstance(value, str):
             _limit(f"{where}: length of attribute {name}", len(value), limits.max_attribute_value_length, m)
-    for name in d.capacity:
+    for name, cap in d.capacity.items():
         _check_qualified_name(where, name)
+        if cap.request_policy is not None and not d.allow_multiple_allocations:
+            raise SliceLimitError(f"{where}: capacity {name} has a requestPolicy but allowMultipleAllocations is off")
     _limit(f"{where}: taints", len(d.taints or []), limits.max_taints_per_device, m)
     consumptions = d.consumes_counters or []
     _limit(f"{where}: counter consumptions", len(consumptions), limits.max_counter_consumptions_per_device, m)

@@ -1,0 +1,76 @@
+"""Sharing one GPU between several claims through consumable capacity (`--mode shared`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra_driver.allocation.simulate import simulate
+from dra_driver.nvml.discovery import discover
+from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
+from dra_driver.slices.model import CapacityRequestPolicy, DeviceCapacity
+from tests.plugin_helpers import DRIVER, GPU_CLASS, Node, ref
+
+
+def _claim(name: str, memory: str | None) -> dict:
+    exactly: dict = {"deviceClassName": "gpu", "count": 1}
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}  # fmt: skip
+
+
+def test_shared_gpus_are_published_with_a_memory_request_policy(sim_factory) -> None:
+    sim = sim_factory("dgx-h100")
+    slices = build_slices(discover(sim, sim.sysfs_root), node_name="n", mode=PublishMode.SHARED)
+    devices = [d for s in slices for d in s.spec.devices or []]
+    assert len(devices) == 8 and all(d.allow_multiple_allocations for d in devices)
+    memory = devices[0].capacity["memory"]
+    assert memory.value == "81559Mi" and memory.request_policy is not None
+    assert memory.request_policy.default == "81559Mi"  # a claim that asks for nothing gets the whole GPU
+    assert memory.request_policy.valid_range is not None and memory.request_policy.valid_range.min == "1Gi"
+
+
+def test_a_request_policy_without_multiple_allocations_is_refused(sim_factory, monkeypatch) -> None:
+    from dra_driver.slices import devices as devices_module
+
+    original = devices_module._whole_gpu
+
+    def bad(inv, gpu):  # type: ignore[no-untyped-def]
+        d = original(inv, gpu)
+        d.capacity["memory"] = DeviceCapacity(value="1Gi", request_policy=CapacityRequestPolicy(default="1Gi"))
+        return d
+
+    monkeypatch.setattr(devices_module, "_whole_gpu", bad)
+    sim = sim_factory("dgx-h100")
+    with pytest.raises(SliceLimitError, match="requestPolicy but allowMultipleAllocations is off"):
+        build_slices(discover(sim, sim.sysfs_root), node_name="n", mode=PublishMode.GPUS)
+
+
+def test_claims_share_a_gpu_and_each_is_prepared(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    sim = node.sim
+    sim.nvmlInit()
+    slices = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name="node-a",
+                                               mode=PublishMode.SHARED)]  # fmt: skip
+    claims = [_claim("a", "40Gi"), _claim("b", "30Gi"), _claim("c", "20Gi")]
+    report = simulate(slices, [GPU_CLASS], claims, node="node-a")
+    results = [o.allocation["devices"]["results"][0] for o in report.outcomes if o.allocation]
+    assert len(results) == 3
+    assert results[0]["device"] == results[1]["device"] != results[2]["device"]  # 40+30 fit one GPU, +20 does not
+    assert all(r.get("shareID") for r in results)
+    for c, o in zip(claims, report.outcomes, strict=True):
+        c["status"] = {"allocation": o.allocation}
+    node.add(*claims)
+    settings = PluginSettings(driver=DRIVER, pool="node-a", plugin_dir=node.plugin_dir, cdi_root=node.cdi_root,
+                              mode=PublishMode.SHARED)  # fmt: skip
+    d = Driver(settings, sim, node.source, sysfs_root=sim.sysfs_root, proc_root=sim.proc_root, boot_id="b")
+    out = d.prepare([ref(c) for c in claims])
+    assert all(r.error == "" for r in out.values()), out
+    assert out["uid-a"].devices[0].share_id == results[0]["shareID"]
+    assert out["uid-a"].devices[0].device == out["uid-b"].devices[0].device  # two claims hold one GPU
+    assert len(node.cdi_files()) == 3
+    assert all(e == "" for e in d.unprepare([ref(c) for c in claims]).values()) and node.cdi_files() == []
