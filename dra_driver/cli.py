@@ -18,6 +18,7 @@ from dra_driver.cel.cli import add_subcommand as add_cel_subcommand
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.nvml.source import open_source
+from dra_driver.plugin import features
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.model import ResourceSlice
@@ -29,6 +30,7 @@ def _add_nvml_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--nvml", action="store_true", help="use the real NVML library (default)")
     p.add_argument("--sim-state", type=Path, help="simulator state directory (shared by processes)")
     p.add_argument("--sysfs-root", type=Path, default=Path("/sys"), help="sysfs for PCIe topology (real NVML)")
+    p.add_argument("--proc-root", type=Path, default=Path("/proc"), help="procfs for device majors and MIG caps")
 
 
 def _add_slice_args(p: argparse.ArgumentParser) -> None:
@@ -115,7 +117,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    args.k8s_version_given = any(a == "--k8s-version" or a.startswith("--k8s-version=") for a in sys.argv)
     from dra_driver.daemon import DaemonOptions, run
     from dra_driver.plugin.driver import PluginSettings
 
@@ -125,12 +126,12 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         plugin_dir=args.plugin_dir or Path("/var/lib/kubelet/plugins") / args.driver,
         cdi_root=args.cdi_root,
         mode=PublishMode(args.mode),
+        feature_gates=features.parse(args.feature_gates),
     )
-    version = args.k8s_version if args.k8s_version_given else None
     options = DaemonOptions(
-        settings, args.registry_dir, args.kubeconfig, args.metrics_port, version, args.rediscover_seconds
+        settings, args.registry_dir, args.kubeconfig, args.metrics_port, args.k8s_version, args.rediscover_seconds
     )
-    run(options, open_source(args.sim, args.sim_state, args.sysfs_root))
+    run(options, open_source(args.sim, args.sim_state, args.sysfs_root, args.proc_root))
     return 0
 
 
@@ -161,7 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
     plugin.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     plugin.add_argument("--rediscover-seconds", type=float, default=60.0, help="how often to look at the GPUs again")
-    plugin.set_defaults(func=cmd_plugin)
+    plugin.add_argument(
+        "--feature-gates",
+        default=os.environ.get("DRA_DRIVER_FEATURE_GATES"),
+        help=f"Name=true|false,... (gates: {', '.join(sorted(features.DEFAULTS))}; default all true)",
+    )
+    plugin.set_defaults(func=cmd_plugin, k8s_version=None)  # None: ask the API server
 
     sim = sub.add_parser("sim", help="simulated machines")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)
@@ -178,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args))
-    except (DiscoveryError, SliceLimitError, KeyError, ValueError) as e:
+    except (DiscoveryError, SliceLimitError, KeyError, ValueError) as e:  # FeatureGateError is a ValueError
         message = e.args[0] if isinstance(e, KeyError) and e.args else e  # KeyError's str() adds quotes
         print(f"dra-driver: error: {message}", file=sys.stderr)
         return 1

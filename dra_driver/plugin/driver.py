@@ -13,9 +13,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap_nodes
@@ -34,6 +34,7 @@ from dra_driver.nvml.mig import (
     list_gpu_instances,
     mig_enabled,
 )
+from dra_driver.plugin import features
 from dra_driver.plugin.catalog import CatalogEntry, build_catalog, conflicts
 from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim
@@ -57,6 +58,7 @@ class PluginSettings:
     plugin_dir: Path
     cdi_root: Path
     mode: PublishMode = PublishMode.PARTITIONABLE
+    feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(features.DEFAULTS))
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,10 @@ class Driver:
             if failure:
                 raise PrepareError(f"device {result.device}: {failure}")
             config = resolve(allocation.config, self.settings.driver, result.request, _device_type(entry))
+            if config is not None and config.sharing is not None:
+                why = features.strategy_disabled(self.settings.feature_gates, config.sharing.strategy)
+                if why:
+                    raise PrepareError(f"device {result.device}: {why}")
             planned.append(_Planned(result.request, entry, admin, config, result.share_id))
         self.sharing.validate([(p.entry.device.name, p.config, p.admin_access) for p in planned])
         return planned

@@ -1,0 +1,66 @@
+{{- define "dra-driver.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dra-driver.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dra-driver.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "dra-driver.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "dra-driver.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dra-driver.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "dra-driver.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "dra-driver.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The driver name without a leading "gpu.": mig.<domain>, gpu-timesliced.<domain>. */}}
+{{- define "dra-driver.domain" -}}
+{{- trimPrefix "gpu." .Values.driverName -}}
+{{- end -}}
+
+{{/* Fails the render on values the plugin would reject. */}}
+{{- define "dra-driver.validate" -}}
+{{- if not (has .Values.nvml.backend (list "real" "simulator")) -}}
+{{- fail (printf "nvml.backend must be real or simulator, not %q" .Values.nvml.backend) -}}
+{{- end -}}
+{{- if not (has .Values.mode (list "partitionable" "static" "gpus")) -}}
+{{- fail (printf "mode must be partitionable, static or gpus, not %q" .Values.mode) -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" .Values.driverName) -}}
+{{- fail (printf "driverName must be a DNS subdomain, not %q" .Values.driverName) -}}
+{{- end -}}
+{{- if and (eq .Values.nvml.backend "simulator") (not .Values.nvml.simulator.machine) -}}
+{{- fail "nvml.simulator.machine is required with nvml.backend=simulator" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* featureGates as Name=true,Other=false (sorted). */}}
+{{- define "dra-driver.featureGates" -}}
+{{- $gates := list -}}
+{{- range $k, $v := .Values.featureGates -}}
+{{- $gates = append $gates (printf "%s=%t" $k $v) -}}
+{{- end -}}
+{{- join "," $gates -}}
+{{- end -}}
