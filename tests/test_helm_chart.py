@@ -33,7 +33,7 @@ CUSTOM = (
     "--set",
     "k8sVersion=1.36",
     "--set",
-    "featureGates.Foo=true",
+    "featureGates.MPSSupport=false",
     "--set",
     "kubeletDir=/var/snap/k8s/kubelet",
 )
@@ -176,7 +176,7 @@ def test_custom_driver_name_reaches_every_object(helm: Helm) -> None:
     assert "--plugin-dir=/var/snap/k8s/kubelet/plugins/gpu.example.com" in c["args"]
     assert "--registry-dir=/var/snap/k8s/kubelet/plugins_registry" in c["args"]
     assert _host_paths(pod)["plugin-dir"] == "/var/snap/k8s/kubelet/plugins/gpu.example.com"
-    assert {e["name"]: e.get("value") for e in c["env"]}["DRA_DRIVER_FEATURE_GATES"] == "Foo=true"
+    assert {e["name"]: e.get("value") for e in c["env"]}["DRA_DRIVER_FEATURE_GATES"] == "MPSSupport=false"
     assert pod["tolerations"][0]["key"] == "gpu.example.com/gpu"
     classes = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
     assert {"gpu.example.com", "mig.example.com", "gpu-timesliced.example.com", "mig-3g.40gb.gpu.example.com"} <= set(
