@@ -227,7 +227,7 @@ def test_device_classes_are_those_of_deviceclasses_dir(helm: Helm) -> None:
 def test_bad_values_fail_the_render(helm: Helm) -> None:
     for values, message in (
         (("--set", "nvml.backend=fake"), "nvml.backend must be real or simulator"),
-        (("--set", "mode=all"), "mode must be partitionable, static or gpus"),
+        (("--set", "mode=all"), "mode must be partitionable, static, gpus or shared"),
         (("--set", "driverName=GPU_Driver"), "driverName must be a DNS subdomain"),
         (("--kube-version", "1.33.0"), "kubeVersion"),
     ):

@@ -45,8 +45,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (has .Values.nvml.backend (list "real" "simulator")) -}}
 {{- fail (printf "nvml.backend must be real or simulator, not %q" .Values.nvml.backend) -}}
 {{- end -}}
-{{- if not (has .Values.mode (list "partitionable" "static" "gpus")) -}}
-{{- fail (printf "mode must be partitionable, static or gpus, not %q" .Values.mode) -}}
+{{- if not (has .Values.mode (list "partitionable" "static" "gpus" "shared")) -}}
+{{- fail (printf "mode must be partitionable, static, gpus or shared, not %q" .Values.mode) -}}
 {{- end -}}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" .Values.driverName) -}}
 {{- fail (printf "driverName must be a DNS subdomain, not %q" .Values.driverName) -}}
