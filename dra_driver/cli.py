@@ -111,8 +111,10 @@ def cmd_sim_list(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from dra_driver.demo import run_demo
+    from dra_driver.demo import run_cluster_demo, run_demo
 
+    if args.kubeconfig is not None:
+        return run_cluster_demo(args.kubeconfig, args.driver)
     return run_demo(args.sim, args.driver)
 
 
@@ -150,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the whole flow on a built-in simulated node (no GPU, no cluster)")
     demo.add_argument("--sim", default="dgx-h100", metavar="MACHINE")
+    demo.add_argument("--kubeconfig", type=Path, help="run against this cluster, where the driver is deployed")
     demo.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (a DNS subdomain)")
     demo.set_defaults(func=cmd_demo)
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +158,82 @@ def _print_table(refs: list[ClaimRef], results: dict[str, Any], plugin: Driver) 
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
         print("    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def run_cluster_demo(kubeconfig: Path, driver_name: str = A.DEFAULT_DRIVER_NAME, namespace: str = "dra-demo",
+                     timeout: float = 90.0) -> int:  # fmt: skip
+    """The same sample claims against a real cluster where this driver is deployed: the kube-scheduler allocates,
+    the kubelet prepares through the deployed plugin; pending claims are explained. Cleans up after itself."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    # the client's generated annotations describe models; we pass and read plain JSON dicts
+    objects: Any = client.CustomObjectsApi(api)
+    core: Any = client.CoreV1Api(api)
+    group, version = "resource.k8s.io", "v1"
+    slices = objects.list_cluster_custom_object(group, version, "resourceslices",
+                                                field_selector=f"spec.driver={driver_name}")["items"]  # fmt: skip
+    if not slices:
+        print(f"no ResourceSlices of driver {driver_name}: is the driver deployed (deploy/helm/dra-driver)?")
+        return 1
+    nodes = sorted({s["spec"].get("nodeName", "") for s in slices})
+    print(f"==> {len(slices)} ResourceSlices of {driver_name} on {len(nodes)} node(s): {', '.join(nodes)}")
+    classes = [{**c, "metadata": {"name": f"{namespace}-{c['metadata']['name']}"}} for c in _classes(driver_name)]
+    claims = sample_claims(driver_name)
+    for c in claims:
+        c["metadata"] = {"name": c["metadata"]["name"], "namespace": namespace}
+        for r in c["spec"]["devices"]["requests"]:
+            r["exactly"]["deviceClassName"] = f"{namespace}-{r['exactly']['deviceClassName']}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        for cls in classes:
+            objects.create_cluster_custom_object(group, version, "deviceclasses", cls)
+        for c in claims:
+            name = c["metadata"]["name"]
+            objects.create_namespaced_custom_object(group, version, namespace, "resourceclaims", c)
+            core.create_namespaced_pod(namespace, {
+                "metadata": {"name": name},
+                "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                         "resources": {"claims": [{"name": "gpus"}]}}],
+                         "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
+                         "tolerations": [{"key": f"{driver_name}/gpu", "operator": "Exists"}]}})  # fmt: skip
+        print(f"==> created {len(claims)} claims and their pods in namespace {namespace}; waiting for the scheduler")
+        deadline = time.monotonic() + timeout
+        allocated: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline and len(allocated) < len(claims) - 1:
+            for c in claims:
+                got = objects.get_namespaced_custom_object(group, version, namespace, "resourceclaims",
+                                                           c["metadata"]["name"])  # fmt: skip
+                if got.get("status", {}).get("allocation"):
+                    allocated[c["metadata"]["name"]] = got
+            time.sleep(0.5)
+        rows = [("claim", "request", "node/pool", "device", "pod")]
+        for name, got in allocated.items():
+            phase = core.read_namespaced_pod(name, namespace).status.phase
+            for r in got["status"]["allocation"]["devices"]["results"]:
+                rows.append((name, r["request"], r["pool"], r["device"], phase))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        for row in rows:
+            print("    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        from dra_driver.allocation.simulate import simulate as simulate_claims
+
+        pending = [c for c in claims if c["metadata"]["name"] not in allocated]
+        all_slices = objects.list_cluster_custom_object(group, version, "resourceslices")["items"]
+        taken = [g for g in (objects.list_cluster_custom_object(group, version, "resourceclaims")["items"])
+                 if g.get("status", {}).get("allocation")]  # fmt: skip
+        for c in pending:
+            print(f"\nwhy is claim {c['metadata']['name']} Pending?")
+            report = simulate_claims(all_slices, classes, [c], allocated=taken)
+            for outcome in report.outcomes:
+                for e in outcome.explanations:
+                    print("\n".join("    " + line for line in e.lines()))
+        ok = len(allocated) == len(claims) - 1
+    finally:
+        for c in claims:  # grace 0: the pods never ran anything worth a graceful stop
+            with suppress(client.exceptions.ApiException):
+                core.delete_namespaced_pod(c["metadata"]["name"], namespace, grace_period_seconds=0)
+        core.delete_namespace(namespace)
+        for cls in classes:
+            objects.delete_cluster_custom_object(group, version, "deviceclasses", cls["metadata"]["name"])
+    print("\ndemo finished: " + ("claims allocated by the cluster's scheduler" if ok else "FAILED"))
+    return 0 if ok else 1

@@ -194,6 +194,11 @@ def test_pods_get_gpus_mig_partitions_and_shared_gpus(node: Node) -> None:
     assert {d["name"].split("-", 5)[-1] for d in spec["devices"]} == {d.device for d in filled.devices}
     shared = [r for name in ("share-0", "share-1", "share-2") for _, r in prepared[name]]
     assert len({r.devices[0].device for r in shared}) == 1  # one time-sliced GPU for the three pods
+    from dra_driver.sharing.simulated import SimulatedRunner
+
+    shared_uuid = node.driver.catalog[shared[0].devices[0].device].gpu.uuid
+    smi = [c for c in SimulatedRunner.for_simulator(node.sim).calls if shared_uuid in " ".join(c.get("argv", []))]
+    assert any("--set-timeslice" in c.get("argv", []) for c in smi), smi  # the class's time-slicing config applied
     assert len(list(node.cdi_root.glob("*.json"))) == 5  # whole, pair, small, filled, shared
 
     cp.kubectl("apply", "-f", "-", input=json.dumps(pod("too-big", template_name="nine-gpus")))
@@ -209,3 +214,15 @@ def test_pods_get_gpus_mig_partitions_and_shared_gpus(node: Node) -> None:
     assert node.mig_instances() == [] and list(node.cdi_root.glob("*.json")) == []
     assert all(g.mig_current == 0 for g in node.sim.store.read().gpus)  # Hopper: MIG off again
     wait_for("generated claims deleted", lambda: len(cp.kubectl_json("get", "resourceclaims", "-n", NS)["items"]) == 1)
+
+
+def test_demo_against_a_cluster(node: Node) -> None:
+    """`dra-driver demo --kubeconfig`: the sample claims through the cluster's scheduler (no kubelet here, so the
+    pods stay Pending after binding; the plugin side is covered above)."""
+    out = subprocess.run([sys.executable, "-m", "dra_driver", "demo", "--kubeconfig", str(node.cp.kubeconfig)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "on 1 node(s): e2e-node" in out.stdout
+    assert "4g-and-3g-on-one-gpu" in out.stdout and "-mig-4g40gb-5-0" in out.stdout
+    assert "why is claim nine-gpus Pending?" in out.stdout and "wants 9" in out.stdout
+    wait_for("demo namespace removed", lambda: "dra-demo" not in node.cp.kubectl("get", "namespaces").stdout)
