@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from dra_driver.nvml.inventory import Inventory
@@ -21,6 +22,9 @@ from dra_driver.slices.model import (
 from dra_driver.slices.validation import SliceLimitError, validate_pool
 
 __all__ = ["PublishMode", "SliceLimitError", "build_slices"]
+
+log = logging.getLogger(__name__)
+CONSUMABLE_CAPACITY_BETA = 36  # the minor from which DRAConsumableCapacity is on by default
 
 
 def _chunks(items: list[Device], size: int) -> list[list[Device]]:
@@ -76,6 +80,10 @@ def build_slices(
     ever dropped silently.
     """
     limits = limits_for(k8s_version)
+    if mode is PublishMode.SHARED and limits.minor < CONSUMABLE_CAPACITY_BETA:
+        # Before 1.36 DRAConsumableCapacity is alpha: an API server without the gate drops allowMultipleAllocations
+        # and the request policy, and the GPUs would be handed out whole.
+        log.warning("shared mode needs the DRAConsumableCapacity feature gate on Kubernetes 1.%d", limits.minor)
     groups = [gpu_devices(inventory, gpu, mode) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
     for name, device_taints in (taints or {}).items():
         device = next((d for g in groups for d in g.devices if d.name == name), None)
