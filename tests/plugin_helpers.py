@@ -83,15 +83,17 @@ class Node:
         for c in claims:
             self.source.claims[(c["metadata"]["namespace"], c["metadata"]["name"])] = c
 
-    def driver(self, boot_id: str = "boot-1") -> Driver:
-        settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=self.plugin_dir, cdi_root=self.cdi_root)
+    def driver(self, boot_id: str = "boot-1", sharing_runner: Any = None, **settings: Any) -> Driver:
+        """Start the plugin core on this node; `settings` override PluginSettings fields (mode, feature_gates)."""
+        fields = {"driver": DRIVER, "pool": NODE, "plugin_dir": self.plugin_dir, "cdi_root": self.cdi_root, **settings}
         return Driver(
-            settings,
+            PluginSettings(**fields),
             self.sim,
             self.source,
             sysfs_root=self.sim.sysfs_root,
             proc_root=self.sim.proc_root,
             boot_id=boot_id,
+            sharing_runner=sharing_runner,
         )
 
     def mig_instances(self) -> list[tuple[int, int, int]]:

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.plugin import features
-from dra_driver.plugin.driver import Driver, PluginSettings
-from tests.plugin_helpers import DRIVER, NODE, Node, claim, ref
+from tests.plugin_helpers import DRIVER, Node, claim, ref
 
 API = "gpu.resource.dra-driver.dev/v1alpha1"
 
@@ -27,10 +26,7 @@ def test_a_disabled_strategy_is_refused_and_changes_nothing(tmp_path: Path) -> N
     mps = claim(["gpu-0"], config=[{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
         "apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}}}])  # fmt: skip
     node.add(mps)
-    settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=node.plugin_dir, cdi_root=node.cdi_root,
-                              feature_gates=features.parse("MPSSupport=false"))  # fmt: skip
-    d = Driver(settings, node.sim, node.source, sysfs_root=node.sim.sysfs_root, proc_root=node.sim.proc_root,
-               boot_id="b")  # fmt: skip
+    d = node.driver(feature_gates=features.parse("MPSSupport=false"))
     err = d.prepare([ref(mps)])[mps["metadata"]["uid"]].error
     assert "MPS sharing is disabled on this node (feature gate MPSSupport=false)" in err
     assert node.cdi_files() == [] and d.checkpoint.claims == {}

@@ -8,10 +8,9 @@ import pytest
 
 from dra_driver.allocation.simulate import simulate
 from dra_driver.nvml.discovery import discover
-from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.model import CapacityRequestPolicy, DeviceCapacity
-from tests.plugin_helpers import DRIVER, GPU_CLASS, Node, ref
+from tests.plugin_helpers import GPU_CLASS, Node, ref
 
 
 def _claim(name: str, memory: str | None) -> dict:
@@ -65,9 +64,7 @@ def test_claims_share_a_gpu_and_each_is_prepared(tmp_path: Path) -> None:
     for c, o in zip(claims, report.outcomes, strict=True):
         c["status"] = {"allocation": o.allocation}
     node.add(*claims)
-    settings = PluginSettings(driver=DRIVER, pool="node-a", plugin_dir=node.plugin_dir, cdi_root=node.cdi_root,
-                              mode=PublishMode.SHARED)  # fmt: skip
-    d = Driver(settings, sim, node.source, sysfs_root=sim.sysfs_root, proc_root=sim.proc_root, boot_id="b")
+    d = node.driver(mode=PublishMode.SHARED)
     out = d.prepare([ref(c) for c in claims])
     assert all(r.error == "" for r in out.values()), out
     assert out["uid-a"].devices[0].share_id == results[0]["shareID"]

@@ -14,10 +14,10 @@ import pytest
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.plugin import driver as driver_module
 from dra_driver.plugin.checkpoint import ClaimState
-from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.plugin.driver import Driver
 from dra_driver.sharing import CommandResult, RealRunner, SharingManager, SimulatedRunner, default_runner
 from dra_driver.sharing.simulated import STATE_FILE
-from tests.plugin_helpers import DRIVER, NODE, Node, claim, ref
+from tests.plugin_helpers import DRIVER, Node, claim, ref
 from tests.test_cdi import _validate, cdivalidate  # noqa: F401  (the session fixture that builds the validator)
 
 CONFIG_API = "gpu.resource.dra-driver.dev/v1alpha1"
@@ -79,16 +79,7 @@ def runner(node: Node) -> SimulatedRunner:
 
 
 def start(node: Node, runner: Any) -> Driver:
-    settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=node.plugin_dir, cdi_root=node.cdi_root)
-    return Driver(
-        settings,
-        node.sim,
-        node.source,
-        sysfs_root=node.sim.sysfs_root,
-        proc_root=node.sim.proc_root,
-        boot_id="boot-1",
-        sharing_runner=runner,
-    )
+    return node.driver(sharing_runner=runner)
 
 
 def uid(c: dict[str, Any]) -> str:
