@@ -2,7 +2,8 @@
 
 Order of a prepare, chosen so that a crash at any step leaves nothing that the next start cannot find and
 undo: validate everything (no change yet) -> checkpoint PrepareStarted -> carve MIG devices, recording each
-in the checkpoint as soon as it exists -> write the CDI spec -> checkpoint PrepareCompleted. Unprepare and
+in the checkpoint as soon as it exists -> apply sharing (time-slicing, MPS; recorded before and after) -> write
+the CDI spec -> checkpoint PrepareCompleted. Unprepare and
 startup recovery walk the same steps backwards. Device changes are serialised by an in-process lock and a
 node-wide file lock (`<plugin dir>/pu.lock`), so two plugin processes (a rolling update) exclude each other;
 reading claims from the API server happens outside the lock, in parallel.
