@@ -131,7 +131,13 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         feature_gates=features.parse(args.feature_gates),
     )
     options = DaemonOptions(
-        settings, args.registry_dir, args.kubeconfig, args.metrics_port, args.k8s_version, args.rediscover_seconds
+        settings,
+        args.registry_dir,
+        args.kubeconfig,
+        args.metrics_port,
+        args.k8s_version,
+        args.rediscover_seconds,
+        args.node_labels,
     )
     run(options, open_source(args.sim, args.sim_state, args.sysfs_root, args.proc_root))
     return 0
@@ -169,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--feature-gates",
         default=os.environ.get("DRA_DRIVER_FEATURE_GATES"),
         help=f"Name=true|false,... (gates: {', '.join(sorted(features.DEFAULTS))}; default all true)",
+    )
+    plugin.add_argument(
+        "--node-labels",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="label this Node with GPU facts in the driver's domain (needs RBAC patch on nodes)",
     )
     plugin.set_defaults(func=cmd_plugin, k8s_version=None)  # None: ask the API server
 

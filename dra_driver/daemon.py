@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
+from prometheus_client import REGISTRY, start_http_server
 
 from dra_driver.controller.publisher import Publisher
+from dra_driver.health import HealthMonitor, publishable
+from dra_driver.labels import apply_node_labels, node_labels
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
 from dra_driver.plugin.checkpoint import current_boot_id
@@ -23,7 +25,8 @@ from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.slices.builder import build_slices
-from dra_driver.slices.model import ResourceSlice
+from dra_driver.slices.model import DeviceTaint, ResourceSlice
+from dra_driver.telemetry import register_gpu_metrics
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class DaemonOptions:
     metrics_port: int | None
     k8s_version: str | None = None  # None: ask the API server
     rediscover_seconds: float = 60.0
+    node_labels: bool = False  # label the Node with GPU facts (needs `patch` on nodes; not in deploy/rbac.yaml)
 
 
 def server_minor(api_client: Any) -> str:
@@ -68,6 +72,25 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
     )
     settings = options.settings
     version = options.k8s_version or server_minor(api)
+    register_gpu_metrics(REGISTRY, source.lib, driver)  # per-GPU and per-MIG telemetry on the metrics endpoint
+
+    def label_node() -> None:
+        if not options.node_labels:
+            return
+        from kubernetes import client
+
+        try:
+            apply_node_labels(client.CoreV1Api(api), settings.pool, node_labels(driver.inventory, settings.driver))
+        except Exception as e:  # labels are a convenience: never stop the node daemon for them
+            log.warning("labelling node %s failed: %s", settings.pool, e)
+
+    label_node()
+    # Device health: taints from NVML events (dra_driver.health); a change republishes the pool.
+    health = HealthMonitor(source.lib, driver, settings.driver, on_change=lambda: publisher.trigger())
+
+    def device_taints() -> dict[str, list[DeviceTaint]]:
+        published = driver.catalog  # a device of an older inventory is not tainted
+        return {n: t for n, t in publishable(health.taints(), version).items() if n in published}
 
     def desired(generation: int, node_uid: str | None) -> list[ResourceSlice]:
         return build_slices(
@@ -76,6 +99,7 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
             driver=settings.driver,
             k8s_version=version,
             mode=settings.mode,
+            taints=device_taints(),
             generation=generation,
             node_uid=node_uid,
         )
@@ -91,6 +115,7 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     publisher.start()
+    health.start()
     server.start()
     log.info(
         "plugin %s serving on %s, publishing pool %s for Kubernetes %s",
@@ -103,8 +128,10 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         while not stop.wait(options.rediscover_seconds):
             if rediscover(driver, source):
                 publisher.trigger()
+                label_node()
     finally:
         server.stop()
+        health.stop()
         publisher.stop()
         driver.close()
 

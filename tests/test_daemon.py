@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pynvml
@@ -27,15 +30,21 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
     cp.create_node(NODE)
     state = tmp_path / "gpu"
     sockets = Path(f"/tmp/dra-daemon-{os.getpid()}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "dra_driver", "plugin", "--sim", "dgx-a100", "--sim-state", str(state),
            "--node-name", NODE, "--kubeconfig", str(cp.kubeconfig), "--plugin-dir", str(sockets / "plugin"),
            "--registry-dir", str(sockets / "registry"), "--cdi-root", str(tmp_path / "cdi"),
-           "--rediscover-seconds", "0.5"]  # fmt: skip
+           "--rediscover-seconds", "0.5", "--metrics-port", str(port)]  # fmt: skip
     daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     kubelet = KubeletHarness(sockets / "registry", DRIVER)
     try:
         wait_for("pool published", lambda: pool_complete(cp, NODE, 1, 1), timeout=60)  # A100s, MIG off: whole GPUs
         assert len(pool(cp, NODE)[0]["spec"]["devices"]) == 8
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert re.search(r'dra_driver_gpu_temperature_celsius\{[^}]*device="gpu-3"', metrics)  # GPU telemetry
+        assert 'dra_driver_publish_total{result="published"}' in metrics
         kubelet.register()
         cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                                                          "metadata": {"name": "daemon-gpu"},

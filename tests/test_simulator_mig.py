@@ -276,7 +276,7 @@ def test_lost_gpu(sim_factory) -> None:
 def test_unmodelled_pynvml_function_is_function_not_found(sim_factory) -> None:
     sim = sim_factory("dgx-h100")
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        sim.nvmlDeviceGetPowerUsage(sim.nvmlDeviceGetHandleByIndex(0))
+        sim.nvmlDeviceGetFanSpeed(sim.nvmlDeviceGetHandleByIndex(0))
     with pytest.raises(AttributeError):
         sim.not_an_nvml_function  # noqa: B018
 

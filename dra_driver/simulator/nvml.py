@@ -12,9 +12,12 @@ methods that do not start with `nvml`.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,6 +34,7 @@ from dra_driver.simulator.catalog import (
     machine,
     product,
 )
+from dra_driver.simulator.events import GPU_LEVEL, EventSetState, EventStore
 from dra_driver.simulator.mig_rules import MigRuleError
 from dra_driver.simulator.procfs import write_fake_procfs
 from dra_driver.simulator.state import (
@@ -48,6 +52,9 @@ _UUID_NAMESPACE = uuid.UUID("6f1c6d3e-6a43-4d39-9a4c-5b0b8d7f3a10")
 _KIND_DEVICE, _KIND_GPU_INSTANCE, _KIND_COMPUTE_INSTANCE, _KIND_MIG_DEVICE = 1, 2, 3, 4
 _MAX_MIG_DEVICES = 7
 _ENGINE_PROFILE_SHARED = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+_KIND_EVENT_SET = 5  # event-set handles: kind | a process-wide counter
+_EVENT_SET_IDS = itertools.count(1)
+_EVENT_POLL_SECONDS = 0.02
 
 
 def _fail(code: int) -> NoReturn:
@@ -593,6 +600,83 @@ class SimulatedNvml:
 
     nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
 
+    # ----- events (health): see dra_driver.simulator.events ----------------------------------------------
+    @cached_property
+    def events(self) -> EventStore:
+        return EventStore(self.state_dir)
+
+    @cached_property
+    def _event_sets(self) -> dict[int, EventSetState]:
+        return {}
+
+    def _event_set(self, event_set: Any) -> EventSetState:
+        self._require_init()
+        try:
+            addr = ctypes.cast(event_set, ctypes.c_void_p).value
+        except (ctypes.ArgumentError, TypeError):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not addr or addr not in self._event_sets:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._event_sets[addr]
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._require_init()
+        addr = (_KIND_EVENT_SET << 40) | next(_EVENT_SET_IDS)
+        self._event_sets[addr] = EventSetState(self.events.last_seq())
+        return _pointer(pynvml.c_nvmlEventSet_t, addr)
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        state = self._event_set(event_set)
+        self._event_sets = {a: s for a, s in self._event_sets.items() if s is not state}
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        index = self._gpu(handle)[0]
+        return self.events.supported(index)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
+        index = self._gpu(handle)[0]
+        state = self._event_set(event_set)
+        if event_types & ~self.events.supported(index):
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvml.h: some of the types are not supported
+        state.masks[index] = state.masks.get(index, 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: Any, timeoutms: int) -> Any:
+        """The next event of a registered GPU, or NVMLError_Timeout; once the queued events are read,
+        GPU_IS_LOST while a registered GPU is lost."""
+        state = self._event_set(event_set)
+        deadline = time.monotonic() + timeoutms / 1000
+        while True:
+            event = state.next_event(self.events.read())  # events already queued come before a loss
+            if event is None and any(self.store.read().gpus[i].lost for i in state.masks):
+                _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+            if event is not None:
+                data = pynvml.c_nvmlEventData_t()
+                data.device = self._device_handle(event.gpu)
+                data.eventType, data.eventData = event.event_type, event.data
+                data.gpuInstanceId, data.computeInstanceId = event.gi_id, event.ci_id
+                return data
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _fail(pynvml.NVML_ERROR_TIMEOUT)
+            time.sleep(min(left, _EVENT_POLL_SECONDS))
+
+    nvmlEventSetWait_v2 = nvmlEventSetWait
+
+    def inject_event(
+        self, index: int, event_type: int, *, xid: int = 0, gi_id: int = GPU_LEVEL, ci_id: int = GPU_LEVEL
+    ) -> int:
+        """What the GPU reports: an XID (`xid` is the event data), or an ECC error; on a MIG device when
+        `gi_id`/`ci_id` are set. Seen by every process using this state directory. Returns the sequence number."""
+        if not 0 <= index < len(self.spec.gpus):
+            raise IndexError(f"no GPU {index}")
+        return self.events.append(index, event_type, xid, gi_id, ci_id)
+
+    def set_supported_events(self, index: int, mask: int | None) -> None:
+        """Which event types GPU `index` supports (None: the default, XID and ECC)."""
+        self.events.set_supported(index, mask)
+
+    # ----- end of events ---------------------------------------------------------------------------------
+
     def __getattr__(self, name: str) -> Callable[..., Any]:
         # A pynvml function the simulator does not model behaves like a symbol missing from an old driver.
         if name.startswith("nvml") and hasattr(pynvml, name):
@@ -602,3 +686,56 @@ class SimulatedNvml:
 
             return missing
         raise AttributeError(name)
+
+    # ===== telemetry (issue 7) ========================================================================
+    # Added as one block at the end of the class. Utilisation, temperature, power and ECC counters read
+    # the per-GPU values of `dra_driver.simulator.telemetry` (a file next to the NVML state that tests set
+    # from outside); nvmlDeviceGetMemoryInfo above serves memory for GPUs and MIG devices alike. MIG device
+    # handles support none of these four, as on real GPUs.
+    @property
+    def telemetry(self) -> Any:
+        """The `TelemetryStore` of this machine (dra_driver.simulator.telemetry)."""
+        from dra_driver.simulator.telemetry import TelemetryStore
+
+        store = self.__dict__.get("_telemetry_store")
+        if store is None:
+            store = self.__dict__["_telemetry_store"] = TelemetryStore(self.state_dir)
+        return store
+
+    def _telemetry_of(self, handle: Any) -> tuple[GpuState, Any]:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            self._ci(handle)  # a stale handle is INVALID_ARGUMENT, a lost parent GPU_IS_LOST
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        index, gpu, _ = self._gpu(handle)
+        return gpu, self.telemetry.get(index)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        gpu, t = self._telemetry_of(handle)
+        if gpu.mig_current:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvml.h: not supported on MIG-enabled GPUs
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu, util.memory = t.gpu_utilization, t.memory_utilization
+        return util
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        _, t = self._telemetry_of(handle)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(t.temperature_c)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        """Milliwatts."""
+        return int(self._telemetry_of(handle)[1].power_mw)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
+        _, t = self._telemetry_of(handle)
+        if error_type not in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if counter_type not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        corrected = error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        if counter_type == pynvml.NVML_VOLATILE_ECC:
+            return int(t.ecc_corrected if corrected else t.ecc_uncorrected)
+        return int(t.ecc_corrected_aggregate if corrected else t.ecc_uncorrected_aggregate)
+
+    # ===== end of telemetry (issue 7) =================================================================

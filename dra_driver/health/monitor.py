@@ -1,0 +1,363 @@
+"""Device health: NVML XID and ECC events, and lost GPUs, turned into device taints.
+
+One thread per node, over the same `NvmlLibrary` as the rest of the driver (real or simulated). It registers every
+GPU for XID-critical and ECC events and waits on the event set, as NVIDIA's driver does
+(`cmd/gpu-kubelet-plugin/device_health.go`), and keeps a set of *incidents*; the taints of each published device
+are derived from them:
+
+- a critical XID not on the ignore list (default 13, 31, 43, 45, 68, 109: application errors): `NoSchedule`,
+  key `<driver>/xid`, value the XID; a double-bit ECC error: `NoSchedule`, key `<driver>/ecc`, value `double-bit`.
+  Single-bit (corrected) ECC errors are only logged.
+- where an event lands: a GPU-level event (GPU and compute instance ids 0xFFFFFFFF) taints the whole GPU and every
+  MIG partition published for it. A MIG-level event is routed to the partition whose live instance has the event's
+  parent GPU and GPU/compute instance ids: first the plugin checkpoint (the instances this driver carved), then
+  NVML (the GPU instance's profile and placement, for instances carved by someone else). Decision: it taints that
+  partition **and every device that shares memory slices with it** (the whole GPU and the overlapping placements),
+  because those devices would run on the same faulty slices once the instance is gone; partitions elsewhere on the
+  GPU stay schedulable. A MIG-level event whose instance cannot be found taints the whole GPU.
+- a GPU that stops answering (GPU_IS_LOST from the wait or from a probe): `NoExecute`, key `<driver>/gpu-lost`, on
+  the GPU and its partitions. Lost GPUs are left out of the event set and probed on every wait; a GPU that answers
+  again loses its gpu-lost taint by itself.
+- a GPU whose driver cannot deliver XID events (NOT_SUPPORTED): key `<driver>/unmonitored`, effect `None`
+  (informational, Kubernetes 1.35+; `publishable()` drops it for older servers), so it is not trusted silently.
+
+XID and ECC incidents stay until an operator calls `clear(name)` (a device name, `gpu-<minor>`, or a GPU UUID):
+it removes every XID/ECC incident that tainted that device, on all the devices they tainted. The current taints
+are `taints()` (`{device name: [DeviceTaint]}`); `on_change` is called (from the monitor thread, or from `clear`)
+whenever they change.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+import pynvml
+
+from dra_driver.nvml.api import NvmlLibrary, describe, error_code
+from dra_driver.nvml.inventory import GpuInfo, Inventory
+from dra_driver.plugin.catalog import CatalogEntry, conflicts
+from dra_driver.slices.model import DeviceTaint
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+GPU_LEVEL = 0xFFFFFFFF
+XID = pynvml.nvmlEventTypeXidCriticalError
+SINGLE_BIT_ECC = pynvml.nvmlEventTypeSingleBitEccError
+DOUBLE_BIT_ECC = pynvml.nvmlEventTypeDoubleBitEccError
+WANTED_EVENTS = XID | SINGLE_BIT_ECC | DOUBLE_BIT_ECC
+INFORMATIONAL_EFFECT_MINOR = 35  # effect None is accepted from Kubernetes 1.35
+
+
+Effect = Literal["None", "NoSchedule", "NoExecute"]
+
+
+class PluginView(Protocol):
+    """What the monitor reads from the kubelet plugin (`dra_driver.plugin.driver.Driver`)."""
+
+    inventory: Inventory
+    catalog: dict[str, CatalogEntry]
+    checkpoint: Any  # .claims: {uid: ClaimEntry}; devices[].mig: LiveMig | None
+
+
+@dataclass
+class Incident:
+    kind: str  # xid | ecc | gpu-lost | unmonitored
+    gpu_uuid: str
+    devices: frozenset[str]
+    value: str | None
+    effect: Effect
+    time_added: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    @property
+    def clearable(self) -> bool:
+        return self.kind in ("xid", "ecc")
+
+
+def publishable(taints: Mapping[str, list[DeviceTaint]], k8s_version: str | int) -> dict[str, list[DeviceTaint]]:
+    """The taints a server of this version accepts: effect None only from 1.35."""
+    minor = int(str(k8s_version).split(".")[-1])
+    out: dict[str, list[DeviceTaint]] = {}
+    for name, ts in taints.items():
+        kept = [t for t in ts if t.effect != "None" or minor >= INFORMATIONAL_EFFECT_MINOR]
+        if kept:
+            out[name] = kept
+    return out
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        lib: NvmlLibrary,
+        plugin: PluginView,
+        driver_name: str,
+        *,
+        ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
+        wait_ms: int = 5000,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.lib = lib
+        self.plugin = plugin
+        self.driver_name = driver_name
+        self.ignored_xids = frozenset(ignored_xids)
+        self.wait_ms = wait_ms
+        self.on_change = on_change
+        self.ready = threading.Event()  # set once every GPU has been registered (or marked) the first time
+        self._lock = threading.Lock()
+        self._incidents: list[Incident] = []
+        self._lost: set[str] = set()  # GPU UUIDs
+        self._unmonitored: set[str] = set()
+        self._event_set: Any = None
+        self._registered: frozenset[str] = frozenset()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- public ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="health-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(10.0, 2 * self.wait_ms / 1000))
+
+    def taints(self) -> dict[str, list[DeviceTaint]]:
+        """{device name: taints}, one taint per key (the latest incident's value), in a stable order."""
+        with self._lock:
+            incidents = list(self._incidents)
+        by_device: dict[str, dict[str, DeviceTaint]] = {}
+        for inc in incidents:
+            taint = DeviceTaint(
+                key=f"{self.driver_name}/{inc.kind}", value=inc.value, effect=inc.effect, time_added=inc.time_added
+            )
+            for name in inc.devices:
+                by_device.setdefault(name, {})[taint.key] = taint
+        return {n: [ts[k] for k in sorted(ts)] for n, ts in sorted(by_device.items())}
+
+    def unmonitored(self) -> set[str]:
+        with self._lock:
+            return set(self._unmonitored)
+
+    def lost(self) -> set[str]:
+        with self._lock:
+            return set(self._lost)
+
+    def clear(self, device_or_gpu: str) -> int:
+        """Remove the XID/ECC incidents that tainted this device (or GPU, by UUID); returns how many."""
+        names = {device_or_gpu}
+        gpu = next((g for g in self.plugin.inventory.gpus if g.uuid == device_or_gpu), None)
+        if gpu is not None:
+            names = self._gpu_devices(gpu)
+        with self._lock:
+            gone = [i for i in self._incidents if i.clearable and i.devices & names]
+            self._incidents = [i for i in self._incidents if i not in gone]
+        if gone:
+            log.info("health: operator cleared %d incident(s) on %s", len(gone), device_or_gpu)
+            self._changed()
+        return len(gone)
+
+    # ----- event handling -------------------------------------------------------------------------------
+    def handle_event(self, gpu_uuid: str, event_type: int, data: int, gi_id: int, ci_id: int) -> None:
+        """One NVML event (public so that it can be fed without a thread)."""
+        gpu = next((g for g in self.plugin.inventory.gpus if g.uuid == gpu_uuid), None)
+        if gpu is None:
+            log.warning("health: event 0x%x for unknown GPU %s", event_type, gpu_uuid)
+            return
+        if event_type & XID:
+            if data in self.ignored_xids:
+                log.info("health: ignoring XID %d on %s", data, gpu_uuid)
+                return
+            kind, value = "xid", str(data)
+        elif event_type & DOUBLE_BIT_ECC:
+            kind, value = "ecc", "double-bit"
+        else:
+            log.info("health: event 0x%x on %s (data %d), not acted on", event_type, gpu_uuid, data)
+            return
+        devices = self._affected(gpu, gi_id, ci_id)
+        log.warning("health: %s %s on %s (gi %d ci %d): tainting %s", kind, value, gpu_uuid, gi_id, ci_id, devices)
+        self._add(Incident(kind, gpu.uuid, frozenset(devices), value, "NoSchedule"))
+
+    def _gpu_devices(self, gpu: GpuInfo) -> set[str]:
+        return {n for n, e in self.plugin.catalog.items() if e.gpu.uuid == gpu.uuid}
+
+    def _affected(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> set[str]:
+        if gi_id == GPU_LEVEL:
+            return self._gpu_devices(gpu)
+        name = self._mig_device(gpu, gi_id, ci_id)
+        entry = self.plugin.catalog.get(name) if name else None
+        if name is None or entry is None:
+            log.warning("health: no MIG device of %s has GI %d CI %d: tainting the whole GPU", gpu.uuid, gi_id, ci_id)
+            return self._gpu_devices(gpu)
+        return {name} | {n for n, e in self.plugin.catalog.items() if conflicts(entry, e)}
+
+    def _mig_device(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> str | None:
+        """The published name of the partition with this live instance: checkpoint first, then NVML."""
+        for claim in list(self.plugin.checkpoint.claims.values()):
+            for d in claim.devices:
+                mig = d.mig
+                if (
+                    mig is not None
+                    and mig.parent_uuid == gpu.uuid
+                    and mig.gi_id == gi_id
+                    and ci_id in (mig.ci_id, GPU_LEVEL)
+                ):
+                    return str(d.device)
+        try:
+            handle = self.lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            info = self.lib.nvmlGpuInstanceGetInfo(self.lib.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+        except pynvml.NVMLError as err:
+            log.info("health: GPU instance %d of %s: %s", gi_id, gpu.uuid, describe(err))
+            return None
+        for name, entry in self.plugin.catalog.items():
+            if (
+                entry.gpu.uuid == gpu.uuid
+                and entry.profile is not None
+                and entry.profile.id == info.profileId
+                and entry.placement_start == info.placement.start
+            ):
+                return name
+        return None
+
+    def _add(self, incident: Incident) -> None:
+        with self._lock:
+            self._incidents.append(incident)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("health: on_change failed")
+
+    def _set_lost(self, gpu: GpuInfo, lost: bool) -> None:
+        with self._lock:
+            if lost == (gpu.uuid in self._lost):
+                return
+            if lost:
+                self._lost.add(gpu.uuid)
+                devices = frozenset(self._gpu_devices(gpu))
+                self._incidents.append(Incident("gpu-lost", gpu.uuid, devices, None, "NoExecute"))
+            else:
+                self._lost.discard(gpu.uuid)
+                self._incidents = [i for i in self._incidents if not (i.kind == "gpu-lost" and i.gpu_uuid == gpu.uuid)]
+        log.warning("health: GPU %s (minor %d) %s", gpu.uuid, gpu.minor, "is lost" if lost else "answers again")
+        self._changed()
+
+    def _set_unmonitored(self, gpu: GpuInfo, reason: str) -> None:
+        with self._lock:
+            if gpu.uuid in self._unmonitored:
+                return
+            self._unmonitored.add(gpu.uuid)
+            devices = frozenset(self._gpu_devices(gpu))
+            self._incidents.append(Incident("unmonitored", gpu.uuid, devices, reason, "None"))
+        log.warning("health: GPU %s is not monitored: %s", gpu.uuid, reason)
+        self._changed()
+
+    # ----- the thread -----------------------------------------------------------------------------------
+    def probe(self) -> None:
+        """Ask every GPU something cheap: GPU_IS_LOST marks it lost, an answer clears a loss."""
+        for gpu in self.plugin.inventory.gpus:
+            try:
+                self.lib.nvmlDeviceGetUUID(self.lib.nvmlDeviceGetHandleByIndex(gpu.index))
+            except pynvml.NVMLError as e:
+                if error_code(e) == pynvml.NVML_ERROR_GPU_IS_LOST:
+                    self._set_lost(gpu, True)
+                continue
+            self._set_lost(gpu, False)
+
+    def _register(self) -> None:
+        """(Re)create the event set with every GPU that is neither lost nor unmonitored."""
+        with self._lock:
+            wanted = frozenset(
+                g.uuid for g in self.plugin.inventory.gpus if g.uuid not in self._lost | self._unmonitored
+            )
+        if self._event_set is not None and wanted == self._registered:
+            return
+        self._free()
+        self._event_set = self.lib.nvmlEventSetCreate()
+        registered: set[str] = set()
+        for gpu in self.plugin.inventory.gpus:
+            if gpu.uuid not in wanted:
+                continue
+            try:
+                handle = self.lib.nvmlDeviceGetHandleByIndex(gpu.index)
+                supported = self.lib.nvmlDeviceGetSupportedEventTypes(handle)
+                if not supported & XID:
+                    self._set_unmonitored(gpu, "xid-events-not-supported")
+                    continue
+                self.lib.nvmlDeviceRegisterEvents(handle, WANTED_EVENTS & supported, self._event_set)
+                registered.add(gpu.uuid)
+            except pynvml.NVMLError as e:
+                code = error_code(e)
+                if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                    self._set_unmonitored(gpu, "events-not-supported")
+                elif code == pynvml.NVML_ERROR_GPU_IS_LOST:
+                    self._set_lost(gpu, True)
+                else:
+                    log.warning("health: cannot register events on %s: %s", gpu.uuid, describe(e))
+        # GPUs found lost or unmonitored just now are no longer wanted; others that failed are retried next pass
+        with self._lock:
+            now_wanted = frozenset(u for u in wanted if u not in self._lost | self._unmonitored)
+        self._registered = now_wanted if registered == now_wanted else frozenset({""})
+
+    def _free(self) -> None:
+        if self._event_set is not None:
+            try:
+                self.lib.nvmlEventSetFree(self._event_set)
+            except pynvml.NVMLError as e:
+                log.info("health: freeing the event set: %s", describe(e))
+            self._event_set = None
+
+    def _run(self) -> None:
+        self.lib.nvmlInit()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.step()
+                except Exception:
+                    log.exception("health: monitor pass failed")
+                    self._stop.wait(self.wait_ms / 1000)
+        finally:
+            self._free()
+            self.lib.nvmlShutdown()
+
+    def step(self) -> None:
+        """One pass: probe lost GPUs, (re)register, wait once for an event and handle it."""
+        if self.lost():
+            self.probe()
+        self._register()
+        self.ready.set()
+        if not self._wanted_any():
+            self._stop.wait(self.wait_ms / 1000)  # nothing to wait on: just probe again later
+            return
+        try:
+            event = self.lib.nvmlEventSetWait(self._event_set, self.wait_ms)
+        except pynvml.NVMLError as e:
+            code = error_code(e)
+            if code == pynvml.NVML_ERROR_TIMEOUT:
+                return
+            if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+                self.probe()  # which one; it is then left out of the event set
+                return
+            log.warning("health: waiting for events: %s", describe(e))
+            self._stop.wait(min(1.0, self.wait_ms / 1000))
+            return
+        try:
+            gpu_uuid = self.lib.nvmlDeviceGetUUID(event.device)
+        except pynvml.NVMLError as e:
+            log.warning("health: event 0x%x from an unnamed GPU: %s", event.eventType, describe(e))
+            return
+        self.handle_event(
+            gpu_uuid, int(event.eventType), int(event.eventData), int(event.gpuInstanceId), int(event.computeInstanceId)
+        )
+
+    def _wanted_any(self) -> bool:
+        with self._lock:
+            return any(g.uuid not in self._lost | self._unmonitored for g in self.plugin.inventory.gpus)

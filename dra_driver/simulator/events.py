@@ -1,0 +1,116 @@
+"""NVML events of a simulated machine: XID errors and ECC errors, injected by a test or an operator tool.
+
+Like the GPU state (`state.py`), events outlive the process that injected them: they are appended to a log in
+`<state dir>/nvml-events.json` under a file lock, so a driver process sees what another process injected.
+Each event has a sequence number; an event set remembers the last number it has seen (events that happened
+before the set was created are not delivered, as on a real GPU) and returns the next event of a device it
+registered, of a type it registered for. The log keeps the last `MAX_EVENTS` events.
+
+Which event types a GPU supports is part of the same file (`set_supported`), so a test can make a GPU look like
+one whose driver cannot deliver XID events.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pynvml
+from pydantic import BaseModel
+
+MAX_EVENTS = 1000
+GPU_LEVEL = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that is not about a MIG device
+SUPPORTED_EVENT_TYPES = (
+    pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
+)
+
+
+class SimEvent(BaseModel):
+    seq: int
+    gpu: int
+    event_type: int
+    data: int = 0
+    gi_id: int = GPU_LEVEL
+    ci_id: int = GPU_LEVEL
+
+
+class EventLog(BaseModel):
+    next_seq: int = 1
+    events: list[SimEvent] = []
+    supported: dict[int, int] = {}  # gpu index -> supported event mask, when not SUPPORTED_EVENT_TYPES
+
+
+class EventStore:
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "nvml-events.json"
+        self._lock_path = directory / "nvml-events.lock"
+        self._thread_lock = threading.RLock()
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._thread_lock, open(self._lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _load(self) -> EventLog:
+        try:
+            return EventLog.model_validate_json(self.path.read_bytes())
+        except FileNotFoundError:
+            return EventLog()
+
+    def _write(self, log: EventLog) -> None:
+        tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(log.model_dump_json())
+        os.replace(tmp, self.path)
+
+    def read(self) -> EventLog:
+        with self._locked():
+            return self._load()
+
+    def append(self, gpu: int, event_type: int, data: int, gi_id: int, ci_id: int) -> int:
+        with self._locked():
+            log = self._load()
+            seq = log.next_seq
+            log.events.append(SimEvent(seq=seq, gpu=gpu, event_type=event_type, data=data, gi_id=gi_id, ci_id=ci_id))
+            log.events = log.events[-MAX_EVENTS:]
+            log.next_seq = seq + 1
+            self._write(log)
+            return seq
+
+    def set_supported(self, gpu: int, mask: int | None) -> None:
+        with self._locked():
+            log = self._load()
+            if mask is None:
+                log.supported.pop(gpu, None)
+            else:
+                log.supported[gpu] = mask
+            self._write(log)
+
+    def supported(self, gpu: int) -> int:
+        return int(self.read().supported.get(gpu, SUPPORTED_EVENT_TYPES))
+
+    def last_seq(self) -> int:
+        return self.read().next_seq - 1
+
+
+class EventSetState:
+    """One `nvmlEventSetCreate()` of this process: what it registered and how far it has read."""
+
+    def __init__(self, cursor: int) -> None:
+        self.cursor = cursor
+        self.masks: dict[int, int] = {}  # gpu index -> registered event types
+
+    def next_event(self, log: EventLog) -> SimEvent | None:
+        for e in log.events:
+            if e.seq > self.cursor and self.masks.get(e.gpu, 0) & e.event_type:
+                self.cursor = e.seq
+                return e
+        return None

@@ -1,0 +1,120 @@
+"""Telemetry of a simulated machine: what its utilisation, temperature, power and ECC counters read.
+
+The values live in `telemetry.json` in the simulator's state directory, next to the NVML state, so a test (or
+another process) sets them from outside and the driver reads them through the pynvml functions
+(`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetTemperature`, `nvmlDeviceGetPowerUsage`,
+`nvmlDeviceGetTotalEccErrors`). Until something is set, every GPU reads the same deterministic idle values
+(`GpuTelemetry()`'s defaults).
+
+    TelemetryStore(sim.state_dir).set(0, gpu_utilization=75, temperature_c=61)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TELEMETRY_FILE = "telemetry.json"
+
+
+class GpuTelemetry(BaseModel):
+    """One GPU's readings. Defaults: an idle, cool GPU with no ECC errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    gpu_utilization: int = Field(default=0, ge=0, le=100, description="percent, nvmlUtilization_t.gpu")
+    memory_utilization: int = Field(default=0, ge=0, le=100, description="percent, nvmlUtilization_t.memory")
+    temperature_c: int = Field(default=34, ge=0, description="NVML_TEMPERATURE_GPU, degrees Celsius")
+    power_mw: int = Field(default=72_000, ge=0, description="nvmlDeviceGetPowerUsage, milliwatts")
+    ecc_corrected: int = Field(default=0, ge=0, description="volatile corrected (single-bit) ECC errors")
+    ecc_uncorrected: int = Field(default=0, ge=0, description="volatile uncorrected (double-bit) ECC errors")
+    ecc_corrected_aggregate: int = Field(default=0, ge=0, description="lifetime corrected ECC errors")
+    ecc_uncorrected_aggregate: int = Field(default=0, ge=0, description="lifetime uncorrected ECC errors")
+
+
+class MachineTelemetry(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    gpus: dict[int, GpuTelemetry] = {}  # by NVML index; absent: defaults
+
+
+class TelemetryStore:
+    """Read and set the telemetry of one simulated machine (by its state directory). Safe across processes."""
+
+    def __init__(self, state_dir: Path | str) -> None:
+        self.directory = Path(state_dir)
+        self.path = self.directory / TELEMETRY_FILE
+        self._lock_path = self.directory / "telemetry.lock"
+        self._thread_lock = threading.RLock()
+        self._cached: MachineTelemetry | None = None
+        self._cached_stat: tuple[int, int, int] | None = None
+
+    def _load(self) -> MachineTelemetry:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return MachineTelemetry()
+        stat = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._cached is None or stat != self._cached_stat:
+            self._cached = MachineTelemetry.model_validate_json(self.path.read_bytes())
+            self._cached_stat = stat
+        return self._cached
+
+    def get(self, index: int) -> GpuTelemetry:
+        """The readings of GPU `index` (NVML index). Callers must not modify the result."""
+        with self._thread_lock:
+            return self._load().gpus.get(index) or GpuTelemetry()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self._thread_lock, open(self._lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def set(self, index: int, **values: Any) -> GpuTelemetry:
+        """Set some readings of GPU `index` (field names of `GpuTelemetry`); the others keep their values."""
+        with self._locked():
+            self._cached_stat = None
+            data = self._load().model_copy(deep=True)
+            current = data.gpus.get(index) or GpuTelemetry()
+            updated = GpuTelemetry.model_validate({**current.model_dump(), **values})
+            data.gpus[index] = updated
+            tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(data.model_dump_json(indent=1))
+            os.replace(tmp, self.path)
+            return updated
+
+    def add_ecc_errors(self, index: int, *, corrected: int = 0, uncorrected: int = 0) -> GpuTelemetry:
+        """ECC errors happen: both the volatile and the aggregate counters grow."""
+        now = self.get(index)
+        return self.set(
+            index,
+            ecc_corrected=now.ecc_corrected + corrected,
+            ecc_uncorrected=now.ecc_uncorrected + uncorrected,
+            ecc_corrected_aggregate=now.ecc_corrected_aggregate + corrected,
+            ecc_uncorrected_aggregate=now.ecc_uncorrected_aggregate + uncorrected,
+        )
+
+    def reset(self, index: int | None = None) -> None:
+        """Back to the defaults, for one GPU or all."""
+        with self._locked():
+            self._cached_stat = None
+            data = self._load().model_copy(deep=True)
+            if index is None:
+                data.gpus.clear()
+            else:
+                data.gpus.pop(index, None)
+            tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(data.model_dump_json(indent=1))
+            os.replace(tmp, self.path)

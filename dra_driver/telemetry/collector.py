@@ -1,0 +1,305 @@
+"""A Prometheus collector reading GPU telemetry through NVML on every scrape.
+
+The same code reads real GPUs (pynvml) and the simulator: it only calls `NvmlLibrary` functions. It relies on
+the NVML session the plugin's `Driver` holds open for its lifetime (no nvmlInit/nvmlShutdown per scrape).
+
+Metrics (gauges unless noted), per whole GPU and per MIG device that exists:
+
+- ``dra_driver_gpu_up``: 1 when the GPU could be read on this scrape, 0 when reading it failed (for example
+  ``NVML_ERROR_GPU_IS_LOST``); a GPU at 0 has no other series on that scrape, nor have its MIG devices.
+  MIG devices get ``up`` too (1 whenever they are listed).
+- ``dra_driver_gpu_utilization_ratio``: GPU busy time over NVML's last sample period, 0..1. GPUs only, and not
+  on GPUs with MIG enabled (NVML does not report it there; MIG devices never have it).
+- ``dra_driver_gpu_memory_used_bytes``, ``dra_driver_gpu_memory_total_bytes``: GPUs and MIG devices.
+- ``dra_driver_gpu_temperature_celsius``: GPU core (``NVML_TEMPERATURE_GPU``); GPUs only.
+- ``dra_driver_gpu_power_watts``: board power draw; GPUs only.
+- ``dra_driver_gpu_ecc_errors_total{type=corrected|uncorrected}`` (counter): volatile ECC error counts (since the
+  driver last loaded, so a driver reload looks like a counter reset); GPUs only.
+- ``dra_driver_gpu_xid_errors_total{xid}`` (counter): XID errors reported through `GpuCollector.record_xid`
+  since this process started, labelled with the claim that held the device when the XID happened.
+
+A reading NVML does not support on a device (``NOT_SUPPORTED``, ``FUNCTION_NOT_FOUND``) is left out; any other
+NVML error makes the whole GPU ``up 0`` for that scrape. A scrape never fails because of one GPU.
+
+Labels: ``device`` (the DRA device name, ``gpu-<minor>`` or the MIG partition's name), ``uuid``, ``product``
+(the GPU's product name; the parent's for a MIG device), and ``claim``, ``namespace``, ``pod`` of the
+ResourceClaim prepared for the device on this node (from the plugin's checkpoint; empty when none). A device
+several claims hold at once (shared or admin access) lists them comma-separated, sorted. ``pod`` comes from the
+injectable ``pod_of(namespace, claim)`` hook; the default leaves it empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from dra_driver.nvml.api import Handle, NvmlLibrary, describe, error_code
+from dra_driver.nvml.inventory import GpuInfo
+from dra_driver.slices.naming import gpu_device_name, mig_device_name
+
+if TYPE_CHECKING:
+    from dra_driver.plugin.driver import Driver
+
+log = logging.getLogger(__name__)
+
+PodOf = Callable[[str, str], str]  # (claim namespace, claim name) -> pod name, "" when unknown
+
+LABELS = ("device", "uuid", "product", "claim", "namespace", "pod")
+_OPTIONAL = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_NO_MIG_DEVICE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+def no_pod(namespace: str, claim: str) -> str:
+    return ""
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class _Holder:
+    claim: str = ""
+    namespace: str = ""
+    pod: str = ""
+
+
+class _Families:
+    """One scrape's metric families."""
+
+    def __init__(self) -> None:
+        def gauge(name: str, doc: str, unit: str = "") -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"dra_driver_gpu_{name}", doc, labels=LABELS, unit=unit)
+
+        self.up = gauge("up", "1 when the GPU could be read through NVML on this scrape, 0 when it could not.")
+        self.utilization = gauge("utilization_ratio", "GPU busy time over NVML's last sample period (0..1).")
+        self.memory_used = gauge("memory_used_bytes", "Device memory in use (framebuffer), bytes.")
+        self.memory_total = gauge("memory_total_bytes", "Device memory in total (framebuffer), bytes.")
+        self.temperature = gauge("temperature_celsius", "GPU core temperature, degrees Celsius.")
+        self.power = gauge("power_watts", "GPU board power draw, watts.")
+        self.ecc = CounterMetricFamily(
+            "dra_driver_gpu_ecc_errors",
+            "Volatile ECC memory errors since the NVIDIA driver loaded, by type (corrected, uncorrected).",
+            labels=(*LABELS, "type"),
+        )
+        self.xid = CounterMetricFamily(
+            "dra_driver_gpu_xid_errors",
+            "XID errors reported for the device since this process started, by XID.",
+            labels=(*LABELS, "xid"),
+        )
+
+    def all(self) -> list[Metric]:
+        return [
+            self.up,
+            self.utilization,
+            self.memory_used,
+            self.memory_total,
+            self.temperature,
+            self.power,
+            self.ecc,
+            self.xid,
+        ]
+
+
+class _Skip(Exception):
+    """A reading this device does not support."""
+
+
+class GpuCollector(Collector):
+    """Reads every GPU of `driver.inventory` (and their MIG devices) through `lib` when scraped."""
+
+    def __init__(self, lib: NvmlLibrary, driver: Driver, pod_of: PodOf | None = None) -> None:
+        self.lib = lib
+        self.driver = driver
+        self.pod_of: PodOf = pod_of or no_pod
+        self._lock = threading.Lock()
+        self._xids: dict[tuple[str, ...], int] = {}
+
+    # ----- attribution ------------------------------------------------------------------------------------
+    def _holders(self) -> tuple[dict[str, _Holder], dict[str, tuple[str, str]]]:
+        """Device name -> the claims holding it; MIG UUID -> (device name, parent UUID), from the checkpoint."""
+        by_device: dict[str, list[tuple[str, str]]] = {}
+        mig_names: dict[str, tuple[str, str]] = {}
+        checkpoint = getattr(self.driver, "checkpoint", None)
+        entries = list(checkpoint.claims.values()) if checkpoint is not None else []
+        for entry in entries:
+            for d in entry.devices:
+                by_device.setdefault(d.device, []).append((entry.namespace, entry.name))
+                if d.mig is not None:
+                    mig_names[d.mig.uuid] = (d.device, d.mig.parent_uuid)
+        return {device: self._holder(claims) for device, claims in by_device.items()}, mig_names
+
+    def _holder(self, claims: list[tuple[str, str]]) -> _Holder:
+        unique = sorted(set(claims))
+        pods: list[str] = []
+        for namespace, name in unique:
+            try:
+                pod = self.pod_of(namespace, name)
+            except Exception as e:  # a hook failing must not break the scrape
+                log.debug("pod_of(%s, %s) failed: %s", namespace, name, e)
+                pod = ""
+            if pod:
+                pods.append(pod)
+        return _Holder(
+            claim=",".join(name for _, name in unique),
+            namespace=",".join(sorted({namespace for namespace, _ in unique})),
+            pod=",".join(pods),
+        )
+
+    @staticmethod
+    def _labels(device: str, uuid: str, product: str, holder: _Holder | None) -> list[str]:
+        h = holder or _Holder()
+        return [device, uuid, product, h.claim, h.namespace, h.pod]
+
+    # ----- XIDs ---------------------------------------------------------------------------------------------
+    def record_xid(self, gpu_uuid: str, xid: int) -> None:
+        """An XID error happened on a GPU (or MIG device, by its MIG UUID). Counted under the claim holding the
+        device now, so that a later claim on the same device does not inherit it."""
+        device, product = "", ""
+        holders, mig_names = self._holders()
+        products = {g.uuid: g.product_name for g in self.driver.inventory.gpus}
+        for gpu in self.driver.inventory.gpus:
+            if gpu.uuid == gpu_uuid:
+                device, product = gpu_device_name(gpu.minor), gpu.product_name
+        if gpu_uuid in mig_names:
+            device, parent_uuid = mig_names[gpu_uuid]
+            product = products.get(parent_uuid, "")
+        key = (*self._labels(device, gpu_uuid, product, holders.get(device)), str(xid))
+        with self._lock:
+            self._xids[key] = self._xids.get(key, 0) + 1
+
+    # ----- scraping -----------------------------------------------------------------------------------------
+    def describe(self) -> Iterable[Metric]:
+        return _Families().all()  # the names only: registering must not read the GPUs
+
+    def collect(self) -> Iterator[Metric]:
+        families = _Families()
+        try:
+            holders, mig_names = self._holders()
+        except Exception:  # never fail the scrape
+            log.exception("reading the checkpoint for GPU metrics failed")
+            holders, mig_names = {}, {}
+        for gpu in list(self.driver.inventory.gpus):
+            self._collect_gpu(families, gpu, holders, mig_names)
+        with self._lock:
+            xids = dict(self._xids)
+        for key, count in sorted(xids.items()):
+            families.xid.add_metric(list(key), count)
+        yield from families.all()
+
+    def _optional(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as e:
+            if error_code(e) in _OPTIONAL:
+                raise _Skip from e
+            raise
+
+    def _collect_gpu(
+        self, families: _Families, gpu: GpuInfo, holders: dict[str, _Holder], mig_names: dict[str, tuple[str, str]]
+    ) -> None:
+        name = gpu_device_name(gpu.minor)
+        labels = self._labels(name, gpu.uuid, gpu.product_name, holders.get(name))
+        samples: list[tuple[GaugeMetricFamily | CounterMetricFamily, list[str], float]] = []
+
+        def read(family: GaugeMetricFamily | CounterMetricFamily, lbls: list[str], fn: Callable[[], float]) -> None:
+            with suppress(_Skip):
+                samples.append((family, lbls, fn()))
+
+        lib = self.lib
+        try:
+            h = lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            read(families.utilization, labels, lambda: self._optional(lib.nvmlDeviceGetUtilizationRates, h).gpu / 100)
+            mem = self._optional(lib.nvmlDeviceGetMemoryInfo, h)
+            samples += [(families.memory_used, labels, mem.used), (families.memory_total, labels, mem.total)]
+            read(
+                families.temperature,
+                labels,
+                lambda: self._optional(lib.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+            )
+            read(families.power, labels, lambda: self._optional(lib.nvmlDeviceGetPowerUsage, h) / 1000)
+            for type_name, error_type in (
+                ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            ):
+                read(families.ecc, [*labels, type_name], partial(self._ecc, h, error_type))
+            if gpu.mig_enabled or gpu.mig_capable:
+                for mig_name, mig_uuid, mig_mem in self._mig_devices(h, gpu, mig_names):
+                    mig_labels = self._labels(mig_name, mig_uuid, gpu.product_name, holders.get(mig_name))
+                    samples += [
+                        (families.up, mig_labels, 1),
+                        (families.memory_used, mig_labels, mig_mem.used),
+                        (families.memory_total, mig_labels, mig_mem.total),
+                    ]
+        except _Skip:  # memory info unsupported: treat like any read failure
+            families.up.add_metric(labels, 0)
+            log.debug("GPU %s: memory info not supported", name)
+            return
+        except Exception as e:
+            families.up.add_metric(labels, 0)
+            log.debug("GPU %s cannot be read: %s", name, describe(e))
+            return
+        families.up.add_metric(labels, 1)
+        for family, lbls, value in samples:
+            family.add_metric(lbls, float(value))
+
+    def _ecc(self, h: Handle, error_type: int) -> float:
+        return float(self._optional(self.lib.nvmlDeviceGetTotalEccErrors, h, error_type, pynvml.NVML_VOLATILE_ECC))
+
+    def _mig_devices(
+        self, parent: Handle, gpu: GpuInfo, mig_names: dict[str, tuple[str, str]]
+    ) -> list[tuple[str, str, Any]]:
+        """(device name, MIG UUID, memory info) of each MIG device that exists on the GPU."""
+        lib = self.lib
+        try:
+            count = int(lib.nvmlDeviceGetMaxMigDeviceCount(parent))
+        except pynvml.NVMLError as e:
+            if error_code(e) in _OPTIONAL:
+                return []
+            raise
+        found: list[tuple[str, str, Any]] = []
+        for i in range(count):
+            try:
+                mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
+            except pynvml.NVMLError as e:
+                if error_code(e) in (*_NO_MIG_DEVICE, *_OPTIONAL):
+                    continue
+                raise
+            mig_uuid = _text(lib.nvmlDeviceGetUUID(mig))
+            found.append(
+                (self._mig_name(parent, mig, gpu, mig_uuid, mig_names), mig_uuid, lib.nvmlDeviceGetMemoryInfo(mig))
+            )
+        return found
+
+    def _mig_name(
+        self, parent: Handle, mig: Handle, gpu: GpuInfo, mig_uuid: str, mig_names: dict[str, tuple[str, str]]
+    ) -> str:
+        """The partition's DRA device name, from its GPU instance's profile and placement."""
+        if mig_uuid in mig_names:
+            return mig_names[mig_uuid][0]
+        lib = self.lib
+        gi_id = lib.nvmlDeviceGetGpuInstanceId(mig)
+        info = lib.nvmlGpuInstanceGetInfo(lib.nvmlDeviceGetGpuInstanceById(parent, gi_id))
+        try:
+            profile_name = gpu.profile(info.profileId).name
+        except KeyError:
+            profile_name = f"profile-{info.profileId}"
+        return mig_device_name(gpu.minor, profile_name, info.profileId, info.placement.start)
+
+
+def register_gpu_metrics(
+    registry: CollectorRegistry, lib: NvmlLibrary, driver: Driver, pod_of: PodOf | None = None
+) -> GpuCollector:
+    """Register the GPU telemetry collector in `registry`; returns it (its `record_xid` feeds the XID counter)."""
+    collector = GpuCollector(lib, driver, pod_of)
+    registry.register(collector)
+    return collector

@@ -1,0 +1,214 @@
+"""GPU telemetry: the simulator's telemetry functions and the Prometheus collector over them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.simulator.telemetry import GpuTelemetry, TelemetryStore
+from dra_driver.telemetry import GpuCollector, register_gpu_metrics
+from tests.plugin_helpers import Node, claim, ref
+from tests.simhelpers import create_full_ci, create_gi, nvml_code
+
+MIG_DEVICE = "gpu-1-mig-3g40gb-9-4"  # on `mixed`, NVML index 0 (minor 1) has MIG on
+
+
+def scrape(registry: CollectorRegistry) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Sample name -> [(labels, value)]."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    found = [v for lbls, v in samples.get(name, []) if all(lbls.get(k) == x for k, x in labels.items())]
+    assert len(found) == 1, (name, labels, samples.get(name))
+    return found[0]
+
+
+def has(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> bool:
+    return any(all(lbls.get(k) == x for k, x in labels.items()) for lbls, _ in samples.get(name, []))
+
+
+# ----- simulator ----------------------------------------------------------------------------------------------
+def test_simulator_defaults_are_deterministic(sim_factory: Any) -> None:
+    sim: SimulatedNvml = sim_factory("dgx-h100")
+    h = sim.nvmlDeviceGetHandleByIndex(3)
+    util = sim.nvmlDeviceGetUtilizationRates(h)
+    assert isinstance(util, pynvml.c_nvmlUtilization_t) and (util.gpu, util.memory) == (0, 0)
+    d = GpuTelemetry()
+    assert sim.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == d.temperature_c
+    assert sim.nvmlDeviceGetPowerUsage(h) == d.power_mw
+    for error_type in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
+        for counter in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+            assert sim.nvmlDeviceGetTotalEccErrors(h, error_type, counter) == 0
+
+
+def test_simulator_values_set_from_outside(sim_factory: Any, tmp_path: Path) -> None:
+    state = tmp_path / "shared"
+    sim: SimulatedNvml = sim_factory("dgx-h100", state)
+    TelemetryStore(state).set(2, gpu_utilization=87, memory_utilization=40, temperature_c=71, power_mw=612_345)
+    TelemetryStore(state).add_ecc_errors(2, corrected=3, uncorrected=1)
+    h = sim.nvmlDeviceGetHandleByIndex(2)
+    util = sim.nvmlDeviceGetUtilizationRates(h)
+    assert (util.gpu, util.memory) == (87, 40)
+    assert sim.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 71
+    assert sim.nvmlDeviceGetPowerUsage(h) == 612_345
+    corrected, uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    assert sim.nvmlDeviceGetTotalEccErrors(h, corrected, pynvml.NVML_VOLATILE_ECC) == 3
+    assert sim.nvmlDeviceGetTotalEccErrors(h, uncorrected, pynvml.NVML_AGGREGATE_ECC) == 1
+    TelemetryStore(state).set(2, ecc_corrected=0)  # a driver reload clears the volatile counter only
+    assert sim.nvmlDeviceGetTotalEccErrors(h, corrected, pynvml.NVML_VOLATILE_ECC) == 0
+    assert sim.nvmlDeviceGetTotalEccErrors(h, corrected, pynvml.NVML_AGGREGATE_ECC) == 3
+    other = sim.nvmlDeviceGetHandleByIndex(1)
+    assert sim.nvmlDeviceGetUtilizationRates(other).gpu == 0  # per GPU
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlDeviceGetTemperature(h, 7)
+    assert nvml_code(e) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    with pytest.raises(ValueError):
+        TelemetryStore(state).set(2, gpu_utilization=101)
+
+
+def test_simulator_mig_handles_and_lost_gpu(sim_factory: Any) -> None:
+    sim: SimulatedNvml = sim_factory("mixed")
+    parent = sim.nvmlDeviceGetHandleByIndex(0)  # MIG on
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlDeviceGetUtilizationRates(parent)
+    assert nvml_code(e) == pynvml.NVML_ERROR_NOT_SUPPORTED  # nvml.h: not on MIG-enabled GPUs
+    assert sim.nvmlDeviceGetTemperature(parent, pynvml.NVML_TEMPERATURE_GPU) == GpuTelemetry().temperature_c
+    ci = create_full_ci(sim, create_gi(sim, parent, 9, 4, 4), 3)
+    mig = sim.nvmlComputeInstanceGetInfo(ci).device
+    assert sim.nvmlDeviceGetMemoryInfo(mig).total > 0
+    for call in (
+        lambda: sim.nvmlDeviceGetUtilizationRates(mig),
+        lambda: sim.nvmlDeviceGetTemperature(mig, pynvml.NVML_TEMPERATURE_GPU),
+        lambda: sim.nvmlDeviceGetPowerUsage(mig),
+        lambda: sim.nvmlDeviceGetTotalEccErrors(mig, 0, 0),
+    ):
+        with pytest.raises(pynvml.NVMLError) as e:
+            call()
+        assert nvml_code(e) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    sim.set_gpu_lost(2)
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlDeviceGetPowerUsage(sim.nvmlDeviceGetHandleByIndex(2))
+    assert nvml_code(e) == pynvml.NVML_ERROR_GPU_IS_LOST
+
+
+# ----- collector --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path, "mixed")
+
+
+def test_scrape_reports_what_the_simulator_was_set_to(node: Node) -> None:
+    driver = node.driver()
+    registry = CollectorRegistry()
+    register_gpu_metrics(registry, node.sim, driver)
+    store = TelemetryStore(node.sim.state_dir)
+    # NVML index 2 is minor 2 (an H100 with MIG off); index 1 is minor 0.
+    store.set(2, gpu_utilization=63, temperature_c=58, power_mw=431_500)
+    store.add_ecc_errors(2, corrected=7, uncorrected=2)
+    store.set(1, gpu_utilization=5)
+    s = scrape(registry)
+    assert value(s, "dra_driver_gpu_utilization_ratio", device="gpu-2") == pytest.approx(0.63)
+    assert value(s, "dra_driver_gpu_utilization_ratio", device="gpu-0") == pytest.approx(0.05)
+    assert value(s, "dra_driver_gpu_temperature_celsius", device="gpu-2") == 58
+    assert value(s, "dra_driver_gpu_power_watts", device="gpu-2") == pytest.approx(431.5)
+    assert value(s, "dra_driver_gpu_ecc_errors_total", device="gpu-2", type="corrected") == 7
+    assert value(s, "dra_driver_gpu_ecc_errors_total", device="gpu-2", type="uncorrected") == 2
+    gpu2 = driver.inventory.gpu_by_minor(2)
+    labels = {"device": "gpu-2", "uuid": gpu2.uuid, "product": "NVIDIA H100 80GB HBM3"}
+    assert value(s, "dra_driver_gpu_memory_total_bytes", **labels) == gpu2.memory_bytes
+    assert value(s, "dra_driver_gpu_memory_used_bytes", **labels) == 0  # the simulator reports nothing in use
+    assert value(s, "dra_driver_gpu_up", **labels, claim="", namespace="", pod="") == 1
+    assert not has(s, "dra_driver_gpu_utilization_ratio", device="gpu-1")  # MIG on: NVML has no utilisation
+    assert value(s, "dra_driver_gpu_temperature_celsius", device="gpu-1") == GpuTelemetry().temperature_c
+    assert sorted(lbls["device"] for lbls, _ in s["dra_driver_gpu_up"]) == [f"gpu-{m}" for m in range(5)]
+    store.set(2, gpu_utilization=100)  # read again on every scrape
+    assert value(scrape(registry), "dra_driver_gpu_utilization_ratio", device="gpu-2") == 1.0
+
+
+def test_labels_of_a_prepared_mig_claim_and_whole_gpu_claim(node: Node) -> None:
+    mig_claim = claim([MIG_DEVICE], name="train", device_class="mig")
+    gpu_claim = claim(["gpu-3"], name="infer")
+    node.add(mig_claim, gpu_claim)
+    driver = node.driver()
+    result = driver.prepare([ref(mig_claim), ref(gpu_claim)])
+    assert all(not r.error for r in result.values()), result
+    pods = {("default", "train"): "train-pod-0"}
+    registry = CollectorRegistry()
+    collector = register_gpu_metrics(registry, node.sim, driver, pod_of=lambda ns, c: pods.get((ns, c), ""))
+    mig_uuid = next(d.mig.uuid for d in driver.checkpoint.claims[ref(mig_claim).uid].devices if d.mig)
+    collector.record_xid(mig_uuid, 94)
+    collector.record_xid(mig_uuid, 94)
+    collector.record_xid(driver.inventory.gpu_by_minor(3).uuid, 79)
+    s = scrape(registry)
+    held = {"device": MIG_DEVICE, "uuid": mig_uuid, "claim": "train", "namespace": "default", "pod": "train-pod-0"}
+    profile = driver.inventory.gpu_by_minor(1).profile(9)
+    assert value(s, "dra_driver_gpu_memory_total_bytes", **held) == (profile.memory_mib + 128) << 20  # start 4
+    assert value(s, "dra_driver_gpu_memory_used_bytes", **held) == 0
+    assert value(s, "dra_driver_gpu_up", **held) == 1
+    assert value(s, "dra_driver_gpu_up", device=MIG_DEVICE, product="NVIDIA A100-SXM4-80GB") == 1
+    assert not has(s, "dra_driver_gpu_utilization_ratio", device=MIG_DEVICE)  # not supported on MIG devices
+    assert value(s, "dra_driver_gpu_xid_errors_total", **held, xid="94") == 2
+    assert value(s, "dra_driver_gpu_xid_errors_total", device="gpu-3", claim="infer", pod="", xid="79") == 1
+    assert value(s, "dra_driver_gpu_power_watts", device="gpu-3", claim="infer", namespace="default") > 0
+    assert value(s, "dra_driver_gpu_up", device="gpu-1", claim="") == 1  # the parent itself is not claimed
+    # Unprepared: the MIG device is gone and the GPU no longer carries the claim; the XID stays attributed.
+    driver.unprepare([ref(mig_claim), ref(gpu_claim)])
+    s = scrape(registry)
+    assert not has(s, "dra_driver_gpu_up", device=MIG_DEVICE)
+    assert value(s, "dra_driver_gpu_up", device="gpu-3") == 1
+    assert value(s, "dra_driver_gpu_power_watts", device="gpu-3", claim="") > 0
+    assert value(s, "dra_driver_gpu_xid_errors_total", device=MIG_DEVICE, claim="train", xid="94") == 2
+
+
+def test_unclaimed_mig_device_is_named_from_its_placement(node: Node) -> None:
+    driver = node.driver()
+    node.sim.nvmlInit()
+    parent = node.sim.nvmlDeviceGetHandleByIndex(0)
+    create_full_ci(node.sim, create_gi(node.sim, parent, 9, 4, 4), 3)  # made behind the driver's back
+    registry = CollectorRegistry()
+    register_gpu_metrics(registry, node.sim, driver)
+    s = scrape(registry)
+    assert value(s, "dra_driver_gpu_up", device=MIG_DEVICE, claim="") == 1
+
+
+def test_lost_gpu_does_not_break_the_scrape(node: Node) -> None:
+    driver = node.driver()
+    registry = CollectorRegistry()
+    register_gpu_metrics(registry, node.sim, driver)
+    node.sim.set_gpu_lost(2)  # NVML index 2 = gpu-2
+    s = scrape(registry)
+    assert value(s, "dra_driver_gpu_up", device="gpu-2") == 0
+    for name in ("dra_driver_gpu_memory_total_bytes", "dra_driver_gpu_power_watts", "dra_driver_gpu_ecc_errors_total"):
+        assert not has(s, name, device="gpu-2")
+    for minor in (0, 1, 3, 4):
+        assert value(s, "dra_driver_gpu_up", device=f"gpu-{minor}") == 1
+        assert value(s, "dra_driver_gpu_memory_total_bytes", device=f"gpu-{minor}") > 0
+    node.sim.set_gpu_lost(2, False)
+    assert value(scrape(registry), "dra_driver_gpu_up", device="gpu-2") == 1
+
+
+def test_registering_reads_no_gpu(node: Node) -> None:
+    driver = node.driver()
+    calls: list[str] = []
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            calls.append(name)
+            return getattr(node.sim, name)
+
+    registry = CollectorRegistry(auto_describe=True)
+    collector = register_gpu_metrics(registry, Spy(), driver)
+    assert isinstance(collector, GpuCollector) and calls == []
+    assert "dra_driver_gpu_up" in {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert calls
