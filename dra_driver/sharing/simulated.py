@@ -7,7 +7,6 @@ refuses them (exit 6, "No devices were found").
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.sharing.runner import CommandResult
+from dra_driver.simulator.lockedfile import locked, replace_text
 
 STATE_FILE = "sharing-state.json"
 _NO_DEVICES = 6  # nvidia-smi's exit code for "No devices were found"
@@ -71,17 +71,10 @@ class SimulatedRunner:
 
     @contextmanager
     def _mutate(self) -> Iterator[dict[str, Any]]:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with self._thread_lock, open(self._lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                data = self.read()
-                yield data
-                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
-                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-                os.replace(tmp, self.path)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with locked(self._lock_path, self._thread_lock):
+            data = self.read()
+            yield data
+            replace_text(self.path, json.dumps(data, indent=1, sort_keys=True))
 
     # ----- commands ---------------------------------------------------------------------------------------
     def run(self, argv: list[str], *, env: Mapping[str, str] | None = None, input: str | None = None) -> CommandResult:

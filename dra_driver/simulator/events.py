@@ -12,15 +12,14 @@ one whose driver cannot deliver XID events.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pynvml
 from pydantic import BaseModel
+
+from dra_driver.simulator.lockedfile import locked, replace_text
 
 MAX_EVENTS = 1000
 GPU_LEVEL = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that is not about a MIG device
@@ -51,14 +50,8 @@ class EventStore:
         self._thread_lock = threading.RLock()
         directory.mkdir(parents=True, exist_ok=True)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock, open(self._lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> AbstractContextManager[None]:
+        return locked(self._lock_path, self._thread_lock)
 
     def _load(self) -> EventLog:
         try:
@@ -67,9 +60,7 @@ class EventStore:
             return EventLog()
 
     def _write(self, log: EventLog) -> None:
-        tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(log.model_dump_json())
-        os.replace(tmp, self.path)
+        replace_text(self.path, log.model_dump_json())
 
     def read(self) -> EventLog:
         with self._locked():

@@ -6,16 +6,16 @@ under an exclusive file lock, so separate processes (the driver, a test, the CLI
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from dra_driver.simulator.catalog import MachineSpec
+from dra_driver.simulator.lockedfile import locked, replace_text
 
 STATE_VERSION = 1
 
@@ -93,21 +93,12 @@ class StateStore:
         return self._cached
 
     def _write(self, state: MachineState) -> None:
-        tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
-        with open(tmp, "w") as f:
-            f.write(state.model_dump_json(indent=1))
-        os.replace(tmp, self.path)  # atomic: readers in other processes see the old or the new state
+        replace_text(self.path, state.model_dump_json(indent=1))
         self._cached = state
         self._cached_stat = self._stat()
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock, open(self._lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> AbstractContextManager[None]:
+        return locked(self._lock_path, self._thread_lock)
 
     def read(self) -> MachineState:
         """The current state. Callers must not modify it."""

@@ -11,15 +11,15 @@ another process) sets them from outside and the driver reads them through the py
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from dra_driver.simulator.lockedfile import locked, replace_text
 
 TELEMETRY_FILE = "telemetry.json"
 
@@ -72,15 +72,8 @@ class TelemetryStore:
         with self._thread_lock:
             return self._load().gpus.get(index) or GpuTelemetry()
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with self._thread_lock, open(self._lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> AbstractContextManager[None]:
+        return locked(self._lock_path, self._thread_lock)
 
     def set(self, index: int, **values: Any) -> GpuTelemetry:
         """Set some readings of GPU `index` (field names of `GpuTelemetry`); the others keep their values."""
@@ -90,9 +83,7 @@ class TelemetryStore:
             current = data.gpus.get(index) or GpuTelemetry()
             updated = GpuTelemetry.model_validate({**current.model_dump(), **values})
             data.gpus[index] = updated
-            tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(data.model_dump_json(indent=1))
-            os.replace(tmp, self.path)
+            replace_text(self.path, data.model_dump_json(indent=1))
             return updated
 
     def add_ecc_errors(self, index: int, *, corrected: int = 0, uncorrected: int = 0) -> GpuTelemetry:
@@ -115,6 +106,4 @@ class TelemetryStore:
                 data.gpus.clear()
             else:
                 data.gpus.pop(index, None)
-            tmp = self.path.with_suffix(f".tmp.{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(data.model_dump_json(indent=1))
-            os.replace(tmp, self.path)
+            replace_text(self.path, data.model_dump_json(indent=1))
