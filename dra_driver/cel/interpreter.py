@@ -560,46 +560,35 @@ def _set(a: Activation, var: str, var2: str | None, first: Any, second: Any) -> 
         a.vars[var2] = second
 
 
-def _run_all(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
-    error: EvalError | None = None
-    for first, second in pairs:
-        a.charge(1)
-        _set(a, var, var2, first, second)
-        try:
-            value = body(a)
-        except CostLimitExceeded:
-            raise
-        except EvalError as err:
-            error = err
-            continue
-        if value is False:
-            return False
-        if value is not True:
-            error = no_overload("all", value)
-    if error is not None:
-        raise error
-    return True
+def _quantifier(decisive: bool, name: str) -> Callable[..., bool]:
+    """`all` (decisive False) and `exists` (decisive True): the first element giving the decisive value ends the
+    loop; an error (or a non-bool) counts only when no element decides, as CEL's error absorption requires."""
+
+    def run(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
+        error: EvalError | None = None
+        for first, second in pairs:
+            a.charge(1)
+            _set(a, var, var2, first, second)
+            try:
+                value = body(a)
+            except CostLimitExceeded:
+                raise
+            except EvalError as err:
+                error = err
+                continue
+            if value is decisive:
+                return bool(decisive)
+            if value is not (not decisive):
+                error = no_overload(name, value)
+        if error is not None:
+            raise error
+        return not decisive
+
+    return run
 
 
-def _run_exists(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
-    error: EvalError | None = None
-    for first, second in pairs:
-        a.charge(1)
-        _set(a, var, var2, first, second)
-        try:
-            value = body(a)
-        except CostLimitExceeded:
-            raise
-        except EvalError as err:
-            error = err
-            continue
-        if value is True:
-            return True
-        if value is not False:
-            error = no_overload("exists", value)
-    if error is not None:
-        raise error
-    return False
+_run_all = _quantifier(False, "all")
+_run_exists = _quantifier(True, "exists")
 
 
 def _run_exists_one(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
