@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -33,9 +33,10 @@ from dra_driver.plugin.grpc.metrics import (
     RESULT_RPC_ERROR,
     PluginMetrics,
 )
-from dra_driver.plugin.types import ClaimPreparer, ClaimRef, PrepareResult
+from dra_driver.plugin.types import ClaimPreparer, ClaimRef
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PLUGIN_TYPE = "DRAPlugin"  # PluginInfo.type of a DRA driver
 DRA_SERVICE = "DRAPlugin"
@@ -92,6 +93,18 @@ class DRAService:
             claims.append(ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid))
         return claims
 
+    def _call(
+        self, method: str, verb: str, fn: Callable[[list[ClaimRef]], T], claims: list[ClaimRef]
+    ) -> tuple[T | None, str]:
+        """The preparer's answer, or the failure text every claim gets when it raised (never a crashed RPC)."""
+        try:
+            with self._lock:
+                return fn(claims), ""
+        except Exception as exc:
+            log.exception("%s of claims %s failed", verb, [c.uid for c in claims])
+            self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
+            return None, f"{verb} failed: {_exception_text(exc)}"
+
     def prepare(self, pb: ModuleType, request: Any) -> tuple[Message, bool]:
         """Handle NodePrepareResources with the messages of ``pb``; returns (response, all claims succeeded)."""
         method = "NodePrepareResources"
@@ -99,15 +112,7 @@ class DRAService:
         claims = self._claims(request)
         if not claims:
             return response, True
-        results: dict[str, PrepareResult] = {}
-        failure = ""
-        try:
-            with self._lock:
-                results = self._preparer.prepare(claims)
-        except Exception as exc:
-            log.exception("preparing claims %s failed", [c.uid for c in claims])
-            failure = f"prepare failed: {_exception_text(exc)}"
-            self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
+        results, failure = self._call(method, "prepare", self._preparer.prepare, claims)
         has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
         all_ok = True
         for claim in claims:
@@ -157,15 +162,7 @@ class DRAService:
         claims = self._claims(request)
         if not claims:
             return response, True
-        results: dict[str, str] = {}
-        failure = ""
-        try:
-            with self._lock:
-                results = self._preparer.unprepare(claims)
-        except Exception as exc:
-            log.exception("unpreparing claims %s failed", [c.uid for c in claims])
-            failure = f"unprepare failed: {_exception_text(exc)}"
-            self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
+        results, failure = self._call(method, "unprepare", self._preparer.unprepare, claims)
         all_ok = True
         for claim in claims:
             entry = response.claims[claim.uid]
