@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,6 +23,8 @@ from dra_driver.plugin import features
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.model import ResourceSlice
+
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
 
 
 def _add_nvml_args(p: argparse.ArgumentParser) -> None:
@@ -125,7 +128,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         driver=args.driver,
         pool=args.node_name,
-        plugin_dir=args.plugin_dir or Path("/var/lib/kubelet/plugins") / args.driver,
+        plugin_dir=args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver,
         cdi_root=args.cdi_root,
         mode=PublishMode(args.mode),
         feature_gates=features.parse(args.feature_gates),
@@ -140,6 +143,64 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         args.node_labels,
     )
     run(options, open_source(args.sim, args.sim_state, args.sysfs_root, args.proc_root))
+    return 0
+
+
+def _health_socket(args: argparse.Namespace) -> Path:
+    from dra_driver.health.admin import SOCKET_NAME
+
+    return Path(args.socket) if args.socket else DEFAULT_PLUGINS_DIR / args.driver / SOCKET_NAME
+
+
+def _print_health(report: dict[str, Any]) -> None:
+    devices: dict[str, Any] = report.get("devices") or {}
+    if not devices:
+        print("no device is tainted")
+    for name, state in devices.items():
+        taints = ", ".join(
+            f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t['effect']}" for t in state.get("taints", [])
+        )
+        print(f"{name}: {taints}")
+        for i in state.get("incidents", []):
+            what = f"{i['kind']} {i['value']}" if i.get("value") else i["kind"]
+            note = "clearable" if i.get("clearable") else "clears by itself"
+            print(f"    {what} on GPU {i['gpu']} since {i['since']} ({note})")
+    for title, key in (("lost GPUs", "lostGPUs"), ("unmonitored GPUs", "unmonitoredGPUs")):
+        gpus = report.get(key) or []
+        listed = ", ".join(
+            f"{g['device'] or '?'} ({g['uuid']}{': ' + g['reason'] if g.get('reason') else ''})" for g in gpus
+        )
+        print(f"{title}: {listed or 'none'}")
+
+
+def cmd_health_status(args: argparse.Namespace) -> int:
+    from dra_driver.health.admin import AdminError, request
+
+    try:
+        report = request(_health_socket(args), "GET", "/health")
+    except AdminError as e:
+        print(f"dra-driver: error: {e}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        _print_health(report)
+    return 0
+
+
+def cmd_health_clear(args: argparse.Namespace) -> int:
+    from dra_driver.health.admin import AdminError, request
+
+    try:
+        answer = request(_health_socket(args), "POST", "/health/clear", {"device": args.device})
+    except AdminError as e:
+        print(f"dra-driver: error: {e}", file=sys.stderr)
+        return 1
+    cleared = int(answer.get("cleared", 0))
+    if cleared:
+        print(f"{answer.get('device')}: cleared {cleared} incident(s); its taints are removed on the next publish")
+    else:
+        print(f"{answer.get('device')}: no XID or ECC incident to clear")
     return 0
 
 
@@ -183,6 +244,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="label this Node with GPU facts in the driver's domain (needs RBAC patch on nodes)",
     )
     plugin.set_defaults(func=cmd_plugin, k8s_version=None)  # None: ask the API server
+
+    health = sub.add_parser("health", help="the node daemon's device health (run inside its pod)")
+    health_sub = health.add_subparsers(dest="health_command", required=True)
+    for name, help_text in (
+        ("status", "taints, incidents, lost and unmonitored GPUs"),
+        ("clear", "clear the XID/ECC incidents of a device (a device name or GPU UUID)"),
+    ):
+        p = health_sub.add_parser(name, help=help_text)
+        p.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (for the default socket)")
+        p.add_argument(
+            "--socket",
+            type=Path,
+            help=f"the daemon's admin socket (default {DEFAULT_PLUGINS_DIR}/<driver>/health.sock)",
+        )
+        if name == "status":
+            p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+            p.set_defaults(func=cmd_health_status)
+        else:
+            p.add_argument("device", help="device name (gpu-3, a MIG partition) or GPU UUID")
+            p.set_defaults(func=cmd_health_clear)
 
     sim = sub.add_parser("sim", help="simulated machines")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)

@@ -21,10 +21,15 @@ are derived from them:
 - a GPU whose driver cannot deliver XID events (NOT_SUPPORTED): key `<driver>/unmonitored`, effect `None`
   (informational, Kubernetes 1.35+; `publishable()` drops it for older servers), so it is not trusted silently.
 
-XID and ECC incidents stay until an operator calls `clear(name)` (a device name, `gpu-<minor>`, or a GPU UUID):
-it removes every XID/ECC incident that tainted that device, on all the devices they tainted. The current taints
-are `taints()` (`{device name: [DeviceTaint]}`); `on_change` is called (from the monitor thread, or from `clear`)
-whenever they change.
+XID and ECC incidents stay until an operator calls `clear(name)` (a device name, `gpu-<minor>`, or a GPU UUID;
+the node daemon serves it on a local socket, `dra_driver.health.admin`): it removes every XID/ECC incident that
+tainted that device, on all the devices they tainted. The current taints are `taints()` (`{device name:
+[DeviceTaint]}`), the incidents behind them `incidents()`; `on_change` is called (from the monitor thread, or from
+`clear`) whenever they change.
+
+Every XID event, ignored ones included (counting is not tainting), is also passed to `on_xid(uuid, xid)` (the
+telemetry's XID counter): `uuid` is the MIG device's UUID for a MIG-level event whose MIG device can be found
+(checkpoint, then NVML), the GPU's otherwise.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -42,6 +47,7 @@ from dra_driver.nvml.api import NvmlLibrary, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory
 from dra_driver.plugin.catalog import CatalogEntry, conflicts
 from dra_driver.slices.model import DeviceTaint
+from dra_driver.slices.naming import gpu_device_name
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,10 @@ class PluginView(Protocol):
     inventory: Inventory
     catalog: dict[str, CatalogEntry]
     checkpoint: Any  # .claims: {uid: ClaimEntry}; devices[].mig: LiveMig | None
+
+
+class UnknownDeviceError(LookupError):
+    """`clear` of a name that is neither a device of this node nor a GPU UUID."""
 
 
 @dataclass
@@ -100,6 +110,7 @@ class HealthMonitor:
         ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
         wait_ms: int = 5000,
         on_change: Callable[[], None] | None = None,
+        on_xid: Callable[[str, int], None] | None = None,
     ) -> None:
         self.lib = lib
         self.plugin = plugin
@@ -107,6 +118,7 @@ class HealthMonitor:
         self.ignored_xids = frozenset(ignored_xids)
         self.wait_ms = wait_ms
         self.on_change = on_change
+        self.on_xid = on_xid
         self.ready = threading.Event()  # set once every GPU has been registered (or marked) the first time
         self._lock = threading.Lock()
         self._incidents: list[Incident] = []
@@ -148,12 +160,28 @@ class HealthMonitor:
         with self._lock:
             return set(self._lost)
 
+    def incidents(self) -> list[Incident]:
+        """The incidents behind the taints, oldest first (copies)."""
+        with self._lock:
+            return [replace(i) for i in self._incidents]
+
+    def gpu_of(self, uuid: str) -> GpuInfo | None:
+        return next((g for g in self.plugin.inventory.gpus if g.uuid == uuid), None)
+
     def clear(self, device_or_gpu: str) -> int:
-        """Remove the XID/ECC incidents that tainted this device (or GPU, by UUID); returns how many."""
+        """Remove the XID/ECC incidents that tainted this device (or GPU, by UUID); returns how many.
+
+        Raises `UnknownDeviceError` (and changes nothing) for a name that is neither a published device, a GPU
+        UUID, nor a device some incident still names (one of an older inventory)."""
         names = {device_or_gpu}
-        gpu = next((g for g in self.plugin.inventory.gpus if g.uuid == device_or_gpu), None)
+        gpu = self.gpu_of(device_or_gpu)
         if gpu is not None:
-            names = self._gpu_devices(gpu)
+            names = self._gpu_devices(gpu) | {gpu_device_name(gpu.minor)}
+        elif device_or_gpu not in self.plugin.catalog:
+            with self._lock:
+                named = any(device_or_gpu in i.devices for i in self._incidents)
+            if not named:
+                raise UnknownDeviceError(f"{device_or_gpu!r} is neither a device of this node nor a GPU UUID")
         with self._lock:
             gone = [i for i in self._incidents if i.clearable and i.devices & names]
             self._incidents = [i for i in self._incidents if i not in gone]
@@ -165,7 +193,9 @@ class HealthMonitor:
     # ----- event handling -------------------------------------------------------------------------------
     def handle_event(self, gpu_uuid: str, event_type: int, data: int, gi_id: int, ci_id: int) -> None:
         """One NVML event (public so that it can be fed without a thread)."""
-        gpu = next((g for g in self.plugin.inventory.gpus if g.uuid == gpu_uuid), None)
+        gpu = self.gpu_of(gpu_uuid)
+        if event_type & XID:
+            self._count_xid(gpu, gpu_uuid, data, gi_id, ci_id)
         if gpu is None:
             log.warning("health: event 0x%x for unknown GPU %s", event_type, gpu_uuid)
             return
@@ -182,6 +212,46 @@ class HealthMonitor:
         devices = self._affected(gpu, gi_id, ci_id)
         log.warning("health: %s %s on %s (gi %d ci %d): tainting %s", kind, value, gpu_uuid, gi_id, ci_id, devices)
         self._add(Incident(kind, gpu.uuid, frozenset(devices), value, "NoSchedule"))
+
+    def _count_xid(self, gpu: GpuInfo | None, gpu_uuid: str, xid: int, gi_id: int, ci_id: int) -> None:
+        if self.on_xid is None:
+            return
+        uuid = gpu_uuid
+        if gpu is not None and gi_id != GPU_LEVEL:
+            uuid = self._mig_uuid(gpu, gi_id, ci_id) or gpu_uuid
+        try:
+            self.on_xid(uuid, xid)
+        except Exception:
+            log.exception("health: on_xid failed")
+
+    def _mig_uuid(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> str | None:
+        """The UUID of the MIG device with this GPU instance (and compute instance, unless GPU_LEVEL)."""
+        for claim in list(self.plugin.checkpoint.claims.values()):
+            for d in claim.devices:
+                mig = d.mig
+                if (
+                    mig is not None
+                    and mig.parent_uuid == gpu.uuid
+                    and mig.gi_id == gi_id
+                    and ci_id in (mig.ci_id, GPU_LEVEL)
+                ):
+                    return str(mig.uuid)
+        try:
+            parent = self.lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            for index in range(int(self.lib.nvmlDeviceGetMaxMigDeviceCount(parent))):
+                try:
+                    mig_handle = self.lib.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
+                except pynvml.NVMLError:
+                    continue  # no MIG device at this index
+                if self.lib.nvmlDeviceGetGpuInstanceId(mig_handle) == gi_id and ci_id in (
+                    self.lib.nvmlDeviceGetComputeInstanceId(mig_handle),
+                    GPU_LEVEL,
+                ):
+                    uuid = self.lib.nvmlDeviceGetUUID(mig_handle)
+                    return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        except pynvml.NVMLError as err:
+            log.info("health: MIG devices of %s: %s", gpu.uuid, describe(err))
+        return None
 
     def _gpu_devices(self, gpu: GpuInfo) -> set[str]:
         return {n for n, e in self.plugin.catalog.items() if e.gpu.uuid == gpu.uuid}
