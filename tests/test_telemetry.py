@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +213,57 @@ def test_registering_reads_no_gpu(node: Node) -> None:
     assert isinstance(collector, GpuCollector) and calls == []
     assert "dra_driver_gpu_up" in {f.name for f in text_string_to_metric_families(generate_latest(registry).decode())}
     assert calls
+
+
+# ----- XIDs from the health monitor -----------------------------------------------------------------------------
+def test_injected_xids_are_counted_per_device_ignored_ones_too(node: Node) -> None:
+    from dra_driver.health import HealthMonitor
+
+    mig_claim = claim([MIG_DEVICE], name="train", device_class="mig")
+    node.add(mig_claim)
+    driver = node.driver()
+    assert not driver.prepare([ref(mig_claim)])[ref(mig_claim).uid].error
+    live = driver.checkpoint.claims[ref(mig_claim).uid].devices[0].mig
+    assert live is not None
+    registry = CollectorRegistry()
+    collector = register_gpu_metrics(registry, node.sim, driver)
+    monitor = HealthMonitor(node.sim, driver, "gpu.dra-driver.dev", wait_ms=50, on_xid=collector.record_xid)
+    # Another MIG device on the same GPU, carved behind the driver's back: found through NVML.
+    node.sim.nvmlInit()
+    other_gi = create_gi(node.sim, node.sim.nvmlDeviceGetHandleByIndex(0), 19, 0, 1)
+    other = node.sim.nvmlComputeInstanceGetInfo(create_full_ci(node.sim, other_gi, 1))
+    other_gi_id = node.sim.nvmlGpuInstanceGetInfo(other_gi).id
+    other_uuid = node.sim.nvmlDeviceGetUUID(other.device)
+    monitor.start()
+    try:
+        assert monitor.ready.wait(5)
+        gpu2 = driver.inventory.gpu_by_minor(2)
+        node.sim.inject_event(2, pynvml.nvmlEventTypeXidCriticalError, xid=79)  # NVML index 2 = gpu-2
+        node.sim.inject_event(2, pynvml.nvmlEventTypeXidCriticalError, xid=13)  # ignored for taints, still counted
+        node.sim.inject_event(2, pynvml.nvmlEventTypeXidCriticalError, xid=13)
+        xid = pynvml.nvmlEventTypeXidCriticalError
+        node.sim.inject_event(0, xid, xid=94, gi_id=live.gi_id, ci_id=live.ci_id)  # the claimed partition
+        node.sim.inject_event(0, xid, xid=94, gi_id=other_gi_id, ci_id=other.id)
+        node.sim.inject_event(0, xid, xid=95, gi_id=live.gi_id + 40, ci_id=0)  # no such instance: the GPU
+        node.sim.inject_event(3, pynvml.nvmlEventTypeDoubleBitEccError)  # not an XID: not counted
+
+        def counted() -> float:
+            return sum(v for _, v in scrape(registry).get("dra_driver_gpu_xid_errors_total", []))
+
+        deadline = time.monotonic() + 10
+        while counted() < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        s = scrape(registry)
+        assert value(s, "dra_driver_gpu_xid_errors_total", device="gpu-2", uuid=gpu2.uuid, xid="79") == 1
+        assert value(s, "dra_driver_gpu_xid_errors_total", device="gpu-2", xid="13", claim="") == 2
+        assert value(s, "dra_driver_gpu_xid_errors_total", device=MIG_DEVICE, uuid=live.uuid, claim="train") == 1
+        assert value(s, "dra_driver_gpu_xid_errors_total", device="gpu-1-mig-1g10gb-19-0", uuid=other_uuid) == 1
+        gpu1 = driver.inventory.gpu_by_minor(1)
+        assert value(s, "dra_driver_gpu_xid_errors_total", device="gpu-1", uuid=gpu1.uuid, xid="95") == 1
+        assert len(s["dra_driver_gpu_xid_errors_total"]) == 5 and counted() == 6
+        assert "gpu-2" in monitor.taints()  # XID 79 tainted; 13 did not add a taint of its own
+        assert [t.value for t in monitor.taints()["gpu-2"]] == ["79"]
+    finally:
+        monitor.stop()
+        driver.unprepare([ref(mig_claim)])
+        driver.close()

@@ -16,7 +16,8 @@ Metrics (gauges unless noted), per whole GPU and per MIG device that exists:
 - ``dra_driver_gpu_ecc_errors_total{type=corrected|uncorrected}`` (counter): volatile ECC error counts (since the
   driver last loaded, so a driver reload looks like a counter reset); GPUs only.
 - ``dra_driver_gpu_xid_errors_total{xid}`` (counter): XID errors reported through `GpuCollector.record_xid`
-  since this process started, labelled with the claim that held the device when the XID happened.
+  since this process started, labelled with the claim that held the device when the XID happened. The node
+  daemon feeds it from `HealthMonitor.on_xid`: every XID event, ignored XIDs included.
 
 A reading NVML does not support on a device (``NOT_SUPPORTED``, ``FUNCTION_NOT_FOUND``) is left out; any other
 NVML error makes the whole GPU ``up 0`` for that scrape. A scrape never fails because of one GPU.
@@ -25,7 +26,8 @@ Labels: ``device`` (the DRA device name, ``gpu-<minor>`` or the MIG partition's 
 (the GPU's product name; the parent's for a MIG device), and ``claim``, ``namespace``, ``pod`` of the
 ResourceClaim prepared for the device on this node (from the plugin's checkpoint; empty when none). A device
 several claims hold at once (shared or admin access) lists them comma-separated, sorted. ``pod`` comes from the
-injectable ``pod_of(namespace, claim)`` hook; the default leaves it empty.
+injectable ``pod_of(namespace, claim)`` hook; the default leaves it empty, the node daemon passes
+`dra_driver.telemetry.pods.ReservedPods` (the claim's status.reservedFor, cached).
 """
 
 from __future__ import annotations
@@ -173,9 +175,27 @@ class GpuCollector(Collector):
         if gpu_uuid in mig_names:
             device, parent_uuid = mig_names[gpu_uuid]
             product = products.get(parent_uuid, "")
+        elif not device:  # a MIG device no claim of this driver carved: named from its placement, as when scraped
+            device, product = self._unclaimed_mig(gpu_uuid, mig_names)
         key = (*self._labels(device, gpu_uuid, product, holders.get(device)), str(xid))
         with self._lock:
             self._xids[key] = self._xids.get(key, 0) + 1
+
+    def _unclaimed_mig(self, mig_uuid: str, mig_names: dict[str, tuple[str, str]]) -> tuple[str, str]:
+        """(device name, product) of a MIG device by its UUID, through NVML; ("", "") when it cannot be found."""
+        lib = self.lib
+        try:
+            mig = lib.nvmlDeviceGetHandleByUUID(mig_uuid)
+            is_mig = lib.nvmlDeviceIsMigDeviceHandle(mig)  # a c_uint in pynvml
+            if not int(getattr(is_mig, "value", is_mig)):
+                return "", ""
+            parent = lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+            parent_uuid = _text(lib.nvmlDeviceGetUUID(parent))
+            gpu = next(g for g in self.driver.inventory.gpus if g.uuid == parent_uuid)
+            return self._mig_name(parent, mig, gpu, mig_uuid, mig_names), gpu.product_name
+        except (pynvml.NVMLError, StopIteration) as e:
+            log.debug("XID on %s: no such MIG device: %s", mig_uuid, describe(e))
+            return "", ""
 
     # ----- scraping -----------------------------------------------------------------------------------------
     def describe(self) -> Iterable[Metric]:
