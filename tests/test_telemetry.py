@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dra_driver.plugin.claims import KubeClaimSource, ResourceClaim
+from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.telemetry import GpuTelemetry, TelemetryStore
-from dra_driver.telemetry import GpuCollector, register_gpu_metrics
-from tests.plugin_helpers import Node, claim, ref
+from dra_driver.telemetry import GpuCollector, ReservedPods, register_gpu_metrics
+from tests.plugin_helpers import DRIVER, GPU_CLASS, Node, claim, ref
 from tests.simhelpers import create_full_ci, create_gi, nvml_code
 
 MIG_DEVICE = "gpu-1-mig-3g40gb-9-4"  # on `mixed`, NVML index 0 (minor 1) has MIG on
@@ -267,3 +271,89 @@ def test_injected_xids_are_counted_per_device_ignored_ones_too(node: Node) -> No
         monitor.stop()
         driver.unprepare([ref(mig_claim)])
         driver.close()
+
+
+# ----- the `pod` label: the claim's status.reservedFor ---------------------------------------------------------
+class _Claims:
+    """A claim source counting its reads; `fail` makes every read raise."""
+
+    def __init__(self) -> None:
+        self.reserved: dict[tuple[str, str], list[str]] = {}
+        self.reads = 0
+        self.fail = False
+
+    def get_claim(self, namespace: str, name: str) -> ResourceClaim:
+        self.reads += 1
+        if self.fail or (namespace, name) not in self.reserved:
+            raise LookupError(f"resourceclaims.resource.k8s.io {name!r} not found")
+        refs = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in self.reserved[(namespace, name)]]
+        refs.append({"apiGroup": "example.com", "resource": "pods", "name": "not-a-core-pod", "uid": "x"})
+        refs.append({"resource": "jobs", "name": "a-job", "uid": "y"})
+        return ResourceClaim.model_validate(
+            {"metadata": {"name": name, "namespace": namespace}, "status": {"reservedFor": refs}}
+        )
+
+
+def test_reserved_pods_are_cached_and_errors_are_empty() -> None:
+    claims, now = _Claims(), [100.0]
+    pods = ReservedPods(claims.get_claim, ttl=30, error_ttl=5, clock=lambda: now[0])
+    claims.reserved[("ns", "train")] = ["worker-1", "worker-0"]
+    assert pods("ns", "train") == "worker-0,worker-1"  # pods only, sorted
+    assert [pods("ns", "train") for _ in range(50)] == ["worker-0,worker-1"] * 50 and claims.reads == 1
+    claims.reserved[("ns", "train")] = ["worker-2"]
+    now[0] += 29
+    assert pods("ns", "train") == "worker-0,worker-1" and claims.reads == 1  # still cached
+    now[0] += 2
+    assert pods("ns", "train") == "worker-2" and claims.reads == 2  # expired: read again
+    assert pods("ns", "gone") == "" and claims.reads == 3  # an error is "", never an exception
+    assert pods("ns", "gone") == "" and claims.reads == 3  # and cached too, shorter
+    now[0] += 6
+    claims.fail = True
+    assert pods("ns", "gone") == "" and claims.reads == 4
+    now[0] += 31
+    assert pods("ns", "train") == "" and claims.reads == 5  # the API server is down: "" too
+
+
+def test_pod_label_from_a_claim_reserved_for_a_pod(control_plane, tmp_path: Path) -> None:
+    from tests.test_plugin_apiserver import _create
+    from tests.test_publisher import api_client
+
+    cp, node_name = control_plane, "telemetry-pods-node"
+    gpu_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                 "metadata": {"name": "telemetry-gpu"}, "spec": GPU_CLASS["spec"]}  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=json.dumps(gpu_class))
+    reserved = _create(cp, claim(["gpu-3"], device_class="telemetry-gpu", pool=node_name))
+    unreserved = _create(cp, claim(["gpu-5"], device_class="telemetry-gpu", pool=node_name))
+    name = reserved["metadata"]["name"]
+    # A pod using the claim (bound by name: no scheduler, no kubelet), and what the scheduler writes for it.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer-0", "namespace": "default"},
+           "spec": {"nodeName": node_name, "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                    "containers": [{"name": "c", "image": "registry.invalid/cuda",
+                                    "resources": {"claims": [{"name": "gpu"}]}}]}}  # fmt: skip
+    pod_uid = json.loads(cp.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(pod)).stdout)["metadata"]["uid"]
+    consumer = {"resource": "pods", "name": "trainer-0", "uid": pod_uid}
+    cp.kubectl("patch", "resourceclaim", name, "--subresource=status", "--type=merge",
+               "-p", json.dumps({"status": {"reservedFor": [consumer]}}))  # fmt: skip
+    sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
+    settings = PluginSettings(driver=DRIVER, pool=node_name, plugin_dir=tmp_path / "plugin", cdi_root=tmp_path / "cdi")
+    api = api_client(cp.kubeconfig)
+    driver = Driver(
+        settings, sim, KubeClaimSource(api), sysfs_root=sim.sysfs_root, proc_root=sim.proc_root, boot_id="b"
+    )
+    refs = [ClaimRef(namespace="default", name=c["metadata"]["name"], uid=c["metadata"]["uid"])
+            for c in (reserved, unreserved)]  # fmt: skip
+    try:
+        assert all(not r.error for r in driver.prepare(refs).values())
+        registry = CollectorRegistry()
+        register_gpu_metrics(registry, sim, driver, pod_of=ReservedPods(KubeClaimSource(api).get_claim))
+        s = scrape(registry)
+        assert value(s, "dra_driver_gpu_up", device="gpu-3", claim=name, namespace="default", pod="trainer-0") == 1
+        assert value(s, "dra_driver_gpu_power_watts", device="gpu-3", pod="trainer-0") > 0
+        assert value(s, "dra_driver_gpu_up", device="gpu-5", claim=unreserved["metadata"]["name"], pod="") == 1
+        assert value(s, "dra_driver_gpu_up", device="gpu-0", claim="", pod="") == 1
+        driver.unprepare(refs)
+    finally:
+        driver.close()
+        cp.kubectl("delete", "pod", "trainer-0", "--wait=false", "--grace-period=0", "--force")
+        for c in (reserved, unreserved):
+            cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")

@@ -79,8 +79,43 @@ class ClaimSpec(_Api):
     devices: ClaimDevicesSpec = ClaimDevicesSpec()
 
 
+class ConsumerReference(_Api):
+    """An entry of status.reservedFor: who uses the claim (the scheduler reserves it for pods)."""
+
+    api_group: str = Field(default="", alias="apiGroup")
+    resource: str
+    name: str
+    uid: str = ""
+
+
+class DeviceCondition(_Api):
+    """A metav1.Condition of status.devices[].conditions."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = Field(default="", alias="lastTransitionTime")
+
+
+class AllocatedDeviceStatus(_Api):
+    """An entry of status.devices (list-map key: driver, pool, device, shareID)."""
+
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = Field(default=None, alias="shareID")
+    conditions: list[DeviceCondition] = []
+
+
 class ClaimStatus(_Api):
     allocation: Allocation | None = None
+    reserved_for: list[ConsumerReference] = Field(default=[], alias="reservedFor")
+    devices: list[AllocatedDeviceStatus] = []
+
+    def reserved_pods(self) -> list[str]:
+        """Names of the pods the claim is reserved for (core group, resource "pods"), sorted."""
+        return sorted({r.name for r in self.reserved_for if r.resource == "pods" and r.api_group == ""})
 
 
 class Metadata(_Api):
@@ -151,19 +186,39 @@ class StaticClaimSource:
 
 
 class KubeClaimSource:
-    """Reads through the official Kubernetes client (resource.k8s.io/v1)."""
+    """Reads through the official Kubernetes client (resource.k8s.io/v1); `request_timeout` (seconds) bounds
+    each request (None: the client's default, no limit)."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, request_timeout: float | None = None) -> None:
         from kubernetes import client
 
         self._api = client.CustomObjectsApi(api_client)
+        self._timeout: dict[str, Any] = {} if request_timeout is None else {"_request_timeout": request_timeout}
 
     def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         obj = self._api.get_namespaced_custom_object(
-            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name
+            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name, **self._timeout
         )
         return ResourceClaim.model_validate(obj)
 
     def get_device_class(self, name: str) -> DeviceClass:
-        obj = self._api.get_cluster_custom_object(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name)
+        obj = self._api.get_cluster_custom_object(
+            RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name, **self._timeout
+        )
         return DeviceClass.model_validate(obj)
+
+    def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any], field_manager: str) -> None:
+        """Server-side apply of `body` (a ResourceClaim apply configuration) to the claim's status subresource:
+        only the fields `field_manager` applies are changed or owned; other writers' fields are left alone."""
+        self._api.patch_namespaced_custom_object_status(
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            namespace,
+            "resourceclaims",
+            name,
+            body,
+            field_manager=field_manager,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+            **self._timeout,
+        )
