@@ -2,6 +2,9 @@
 
 Runs until SIGTERM/SIGINT, then removes its sockets. GPUs are rediscovered periodically; when what the node
 should publish changes (a GPU appears or disappears, a UUID or driver version changes), the pool is republished.
+Device health (`dra_driver.health`): NVML events become device taints in the pool, the devices of prepared claims
+get a `DeviceHealthy` condition in the claims' status, and operators read and clear incidents through
+`<plugin dir>/health.sock` (`dra-driver health status|clear`). Every XID is counted in the GPU metrics.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any
 from prometheus_client import REGISTRY, start_http_server
 
 from dra_driver.controller.publisher import Publisher
-from dra_driver.health import HealthMonitor, publishable
+from dra_driver.health import ClaimStatusReporter, HealthAdminServer, HealthMonitor, publishable
+from dra_driver.health.admin import SOCKET_NAME
 from dra_driver.labels import apply_node_labels, node_labels
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
@@ -26,9 +30,12 @@ from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.slices.builder import build_slices
 from dra_driver.slices.model import DeviceTaint, ResourceSlice
-from dra_driver.telemetry import register_gpu_metrics
+from dra_driver.telemetry import ReservedPods, register_gpu_metrics
 
 log = logging.getLogger(__name__)
+
+API_TIMEOUT_SECONDS = 10.0  # claim status writes: never hang the writer's thread
+POD_LOOKUP_TIMEOUT_SECONDS = 2.0  # the `pod` label's claim reads happen during a scrape
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,9 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
     )
     settings = options.settings
     version = options.k8s_version or server_minor(api)
-    register_gpu_metrics(REGISTRY, source.lib, driver)  # per-GPU and per-MIG telemetry on the metrics endpoint
+    # Per-GPU and per-MIG telemetry on the metrics endpoint; `pod` from the claims' status.reservedFor.
+    pods = ReservedPods(KubeClaimSource(api, request_timeout=POD_LOOKUP_TIMEOUT_SECONDS).get_claim)
+    collector = register_gpu_metrics(REGISTRY, source.lib, driver, pod_of=pods)
 
     def label_node() -> None:
         if not options.node_labels:
@@ -85,8 +94,21 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
             log.warning("labelling node %s failed: %s", settings.pool, e)
 
     label_node()
-    # Device health: taints from NVML events (dra_driver.health); a change republishes the pool.
-    health = HealthMonitor(source.lib, driver, settings.driver, on_change=lambda: publisher.trigger())
+
+    # Device health: taints from NVML events (dra_driver.health); a change republishes the pool and rewrites the
+    # device status of the prepared claims it concerns. Every XID is counted in the telemetry.
+    def health_changed() -> None:
+        publisher.trigger()
+        claim_status.trigger()
+
+    health = HealthMonitor(source.lib, driver, settings.driver, on_change=health_changed, on_xid=collector.record_xid)
+    claim_status = ClaimStatusReporter(
+        KubeClaimSource(api, request_timeout=API_TIMEOUT_SECONDS),
+        settings.driver,
+        lambda: list(driver.checkpoint.claims.values()),
+        health.taints,
+    )
+    admin = HealthAdminServer(health, settings.plugin_dir / SOCKET_NAME)
 
     def device_taints() -> dict[str, list[DeviceTaint]]:
         published = driver.catalog  # a device of an older inventory is not tainted
@@ -116,6 +138,8 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         signal.signal(sig, lambda *_: stop.set())
     publisher.start()
     health.start()
+    claim_status.start()
+    admin.start()
     server.start()
     log.info(
         "plugin %s serving on %s, publishing pool %s for Kubernetes %s",
@@ -131,7 +155,9 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
                 label_node()
     finally:
         server.stop()
+        admin.stop()
         health.stop()
+        claim_status.stop()
         publisher.stop()
         driver.close()
 

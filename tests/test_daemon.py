@@ -8,10 +8,12 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pynvml
 
@@ -23,6 +25,21 @@ from tests.test_plugin_apiserver import _create
 from tests.test_publisher import pool, pool_complete, wait_for
 
 NODE = "daemon-node"
+
+
+def device_taints(cp: Any, device: str) -> list[tuple[str, str]]:
+    """(key, value) of the taints of a device in the node's pool."""
+    devices = {d["name"]: d for o in pool(cp, NODE) for d in o["spec"].get("devices") or []}
+    return [(t["key"], t.get("value", "")) for t in devices[device].get("taints") or []]
+
+
+def claim_health(cp: Any, name: str) -> tuple[str, str] | None:
+    """(status, reason) of the DeviceHealthy condition this driver wrote in the claim's status."""
+    for d in cp.kubectl_json("get", "resourceclaim", name).get("status", {}).get("devices") or []:
+        for c in d.get("conditions") or []:
+            if d["driver"] == DRIVER and c["type"] == "DeviceHealthy":
+                return c["status"], c["reason"]
+    return None
 
 
 def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) -> None:
@@ -54,14 +71,34 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
         result = kubelet.prepare([c_ref])[c_ref.uid]
         assert result.error == "" and result.devices[0].device == "gpu-4"
         assert len(list((tmp_path / "cdi").glob("*.json"))) == 1
+
+        # Device health: an XID on the prepared GPU taints it in the pool, marks the claim's device unhealthy and
+        # is counted; the operator clears it through the admin socket, and both go back.
+        admin_socket = sockets / "plugin" / "health.sock"
+        assert stat.S_IMODE(admin_socket.stat().st_mode) == 0o600
+        sim = SimulatedNvml("dgx-a100", state)
+        sim.inject_event(4, pynvml.nvmlEventTypeXidCriticalError, xid=79)
+        wait_for("gpu-4 tainted in the pool", lambda: device_taints(cp, "gpu-4") == [(f"{DRIVER}/xid", "79")])
+        wait_for("claim's device unhealthy", lambda: claim_health(cp, c_ref.name) == ("False", "XID"))
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        xid_series = rf'dra_driver_gpu_xid_errors_total\{{[^}}]*claim="{c_ref.name}"[^}}]*device="gpu-4"[^}}]*\}} 1.0'
+        assert re.search(xid_series, metrics), metrics
+        status = subprocess.run([sys.executable, "-m", "dra_driver", "health", "status", "--socket", str(admin_socket)],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert status.returncode == 0 and f"gpu-4: {DRIVER}/xid=79:NoSchedule" in status.stdout, status
+        clear = subprocess.run([sys.executable, "-m", "dra_driver", "health", "clear", "gpu-4", "--socket",
+                                str(admin_socket)], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert clear.returncode == 0 and "gpu-4: cleared 1 incident(s)" in clear.stdout, clear
+        wait_for("gpu-4 untainted", lambda: device_taints(cp, "gpu-4") == [])
+        wait_for("claim's device healthy again", lambda: claim_health(cp, c_ref.name) == ("True", "Healthy"))
         assert kubelet.unprepare([c_ref]) == {c_ref.uid: ""}
 
         # An operator switches MIG on for GPU 0 and resets it: its partitions appear in the pool.
-        sim = SimulatedNvml("dgx-a100", state)
         sim.nvmlInit()
         sim.nvmlDeviceSetMigMode(sim.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_DEVICE_MIG_ENABLE)
         sim.reset_gpu(0)
-        wait_for("republished with MIG partitions", lambda: pool_complete(cp, NODE, 3, 2), timeout=60)
+        # (generation 4: the XID and its clear republished the pool as generations 2 and 3)
+        wait_for("republished with MIG partitions", lambda: pool_complete(cp, NODE, 3, 4), timeout=60)
         names = {d["name"] for o in pool(cp, NODE) for d in o["spec"].get("devices") or []}
         assert "gpu-0" not in names and "gpu-0-mig-3g20gb-9-4" in names
     finally:
@@ -72,3 +109,4 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
         cp.delete_node(NODE)
     assert daemon.returncode == 0, out
     assert not list((sockets / "registry").glob("*.sock")) and not (sockets / "plugin" / "dra.sock").exists()
+    assert not (sockets / "plugin" / "health.sock").exists()
