@@ -1,12 +1,18 @@
 """deploy/helm/dra-driver: `helm lint` clean, the rendered objects right per value set (real NVML, simulator,
-custom driver name), in step with deploy/rbac.yaml and deviceclasses/, and accepted by a real kube-apiserver
-(`kubectl apply --dry-run=server`). Helm is built from its Go module by scripts/build-helm.sh (cached)."""
+custom driver name, node labels), in step with deploy/rbac.yaml and deviceclasses/, and accepted by a real
+kube-apiserver (`kubectl apply --dry-run=server`). On that server, too: the node-label RBAC and admission policy
+with a pod-bound token, and the GPU-node taint with the DaemonSet's pods and the chart README's example workload
+under the real scheduler. Helm is built from its Go module by scripts/build-helm.sh (cached)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +43,9 @@ CUSTOM = (
     "--set",
     "kubeletDir=/var/snap/k8s/kubelet",
 )
-VALUE_SETS = {"real": REAL, "simulator": SIMULATOR, "custom": CUSTOM}
+NODE_LABELS = ("--set", "nodeLabels.enabled=true")
+VALUE_SETS = {"real": REAL, "simulator": SIMULATOR, "custom": CUSTOM, "node-labels": NODE_LABELS}
+GPU_TOLERATION = {"key": f"{DEFAULT_DRIVER}/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)
@@ -73,12 +81,12 @@ def _run(helm: Helm, *args: str, check: bool = True) -> subprocess.CompletedProc
     return proc
 
 
-def _template(helm: Helm, *values: str) -> str:
-    return _run(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values).stdout
+def _template(helm: Helm, *values: str, release: str = RELEASE, namespace: str = NAMESPACE) -> str:
+    return _run(helm, "template", release, str(CHART), "--namespace", namespace, *values).stdout
 
 
-def _render(helm: Helm, *values: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(_template(helm, *values)) if d]
+def _render(helm: Helm, *values: str, release: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(_template(helm, *values, release=release, namespace=namespace)) if d]
 
 
 def _one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -244,3 +252,255 @@ def test_api_server_accepts_every_object(helm: Helm, control_plane: ControlPlane
     out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest).stdout
     lines = [line for line in out.splitlines() if line.endswith("(server dry run)")]
     assert len(lines) == count, out
+
+
+# ----- placement: the GPU-node taint and node labels ----------------------------------------------------------------
+def _eventually(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_daemonset_tolerates_the_gpu_node_taint(helm: Helm) -> None:
+    assert _plugin(_render(helm))["pod"]["tolerations"] == [GPU_TOLERATION]  # by default, and nothing else
+    extra = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    both = _plugin(_render(helm, "--set-json", f"tolerations=[{json.dumps(extra)}]"))["pod"]["tolerations"]
+    assert both == [GPU_TOLERATION, extra]
+    only_extra = _render(helm, "--set", "tolerateGpuTaint=false", "--set-json", f"tolerations=[{json.dumps(extra)}]")
+    assert _plugin(only_extra)["pod"]["tolerations"] == [extra]
+    assert "tolerations" not in _plugin(_render(helm, "--set", "tolerateGpuTaint=false"))["pod"]
+
+
+def _node_rules(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rules of every rendered ClusterRole that mention nodes."""
+    return [r for o in objs if o["kind"] == "ClusterRole" for r in o["rules"] if "nodes" in r["resources"]]
+
+
+def test_node_labels_value_toggles_the_flag_rbac_and_policy(helm: Helm) -> None:
+    off = _render(helm)
+    assert "--node-labels" not in _plugin(off)["c"]["args"]
+    assert _node_rules(off) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]  # no patch
+    assert not [o for o in off if o["metadata"]["name"].endswith("node-labels")]
+
+    on = _render(helm, *NODE_LABELS)
+    args = _plugin(on)["c"]["args"]
+    assert args[args.index("--rediscover-seconds=60") + 1] == "--node-labels"
+    role = _one(on, "ClusterRole", f"{FULLNAME}-node-labels")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = _one(on, "ClusterRoleBinding", f"{FULLNAME}-node-labels")
+    assert binding["roleRef"]["name"] == f"{FULLNAME}-node-labels"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    vap = _one(on, "ValidatingAdmissionPolicy", f"{FULLNAME}-own-node-labels")["spec"]
+    assert vap["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+    assert {v["name"]: v["expression"] for v in vap["variables"]}["prefix"] == f"'{DEFAULT_DRIVER}/'"
+    vapb = _one(on, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-own-node-labels")
+    assert vapb["spec"] == {"policyName": f"{FULLNAME}-own-node-labels", "validationActions": ["Deny"]}
+    _plugin(on)["c"]["args"].remove("--node-labels")
+    assert [o for o in on if not o["metadata"]["name"].endswith("node-labels")] == off  # nothing else changes
+
+    custom = _render(helm, *NODE_LABELS, "--set", "driverName=gpu.example.com")
+    vap = _one(custom, "ValidatingAdmissionPolicy", f"{FULLNAME}-own-node-labels")["spec"]
+    assert {v["name"]: v["expression"] for v in vap["variables"]}["prefix"] == "'gpu.example.com/'"
+    no_policy = _render(helm, *NODE_LABELS, "--set", "admissionPolicy.enabled=false")
+    assert not [o for o in no_policy if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert _one(no_policy, "ClusterRole", f"{FULLNAME}-node-labels")
+    no_rbac = _render(helm, *NODE_LABELS, "--set", "rbac.create=false")
+    assert not [o for o in no_rbac if o["kind"].startswith("ClusterRole")]
+    assert "--node-labels" in _plugin(no_rbac)["c"]["args"]  # the operator grants it some other way
+
+
+def test_notes_say_how_to_taint_gpu_nodes(helm: Helm, control_plane: ControlPlane) -> None:
+    env = {**helm.env, "KUBECONFIG": str(control_plane.kubeconfig)}  # install --dry-run asks the server's version
+
+    def notes(*values: str) -> str:
+        proc = subprocess.run([str(helm.path), "install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client",
+                               *values], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split("\nNOTES:\n", 1)[1]
+
+    text = notes()
+    assert "kubectl taint node <gpu-node> gpu.dra-driver.dev/gpu=present:NoSchedule" in text
+    assert "- {key: gpu.dra-driver.dev/gpu, operator: Exists, effect: NoSchedule}" in text
+    assert "The DaemonSet tolerates that taint" in text and "Node labels are on" not in text
+    text = notes("--set", "driverName=gpu.example.com", "--set", "tolerateGpuTaint=false", *NODE_LABELS)
+    assert "gpu.example.com/gpu=present:NoSchedule" in text and "tolerateGpuTaint is false" in text
+    assert "Node labels are on: each GPU node gets gpu.example.com/gpu.product" in text
+
+
+def _readme_example() -> list[dict[str, Any]]:
+    """The example GPU workload of the chart's README (the YAML block with the pod)."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (CHART / "README.md").read_text(), re.S)
+    (example,) = [b for b in blocks if "kind: Pod" in b]
+    return [d for d in yaml.safe_load_all(example) if d]
+
+
+def test_gpu_node_taint_keeps_other_pods_off(helm: Helm, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """A GPU node tainted as the chart's README says: the DaemonSet's pod and the README's GPU workload (placed by
+    its claim) go there under the real scheduler; a pod without the toleration, with or without a claim, does not."""
+    from dra_driver.nvml.discovery import discover
+    from dra_driver.simulator.nvml import SimulatedNvml
+    from dra_driver.slices.builder import build_slices
+    from dra_driver.slices.devices import PublishMode
+
+    cp, node, ns = control_plane, "tainted-gpu-node", "taint-test"
+    uid = cp.create_node(node)
+    cp.kubectl("taint", "node", node, f"{DEFAULT_DRIVER}/gpu=present:NoSchedule")
+    cp.kubectl("create", "namespace", ns)
+    sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
+    slices = build_slices(discover(sim, sim.sysfs_root), node_name=node, k8s_version="1.36", node_uid=uid,
+                          mode=PublishMode.GPUS)  # fmt: skip
+    cp.kubectl("apply", "-f", str(ROOT / "deviceclasses" / "gpu.yaml"))
+    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                     "items": [s.to_api() for s in slices]}))  # fmt: skip
+
+    def scheduled_or_why(name: str) -> str:
+        """'scheduled' once bound to the node, the scheduler's message while Unschedulable, else ''."""
+        p = cp.kubectl_json("get", "pod", name, "-n", ns)
+        if p["spec"].get("nodeName") == node:
+            return "scheduled"
+        cond = {c["type"]: c for c in p.get("status", {}).get("conditions", [])}.get("PodScheduled", {})
+        return str(cond.get("message", "?")) if cond.get("reason") == "Unschedulable" else ""
+
+    def create(obj: dict[str, Any]) -> None:
+        cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+
+    try:
+        # the DaemonSet's pod, placed on the node the way the DaemonSet controller does (node affinity by name)
+        daemon_pod = _plugin(_render(helm, *SIMULATOR))["pod"]
+        affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}  # fmt: skip
+        create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "daemon"},
+                "spec": {**daemon_pod, "affinity": affinity}})  # fmt: skip
+        web = [{"name": "c", "image": "registry.invalid/web"}]
+        plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "no-gpu"},
+                 "spec": {"affinity": affinity, "containers": web}}  # fmt: skip
+        create(plain)
+        template, workload = _readme_example()
+        assert workload["spec"]["tolerations"] == [GPU_TOLERATION]
+        create(template)
+        create(workload)
+        without = {**workload, "metadata": {"name": "gpu-job-without-toleration"},
+                   "spec": {k: v for k, v in workload["spec"].items() if k != "tolerations"}}  # fmt: skip
+        create(without)
+
+        assert _eventually("the DaemonSet pod", lambda: scheduled_or_why("daemon")) == "scheduled"
+        assert _eventually("the README's GPU pod", lambda: scheduled_or_why(workload["metadata"]["name"])) == (
+            "scheduled"
+        )
+        claim = cp.kubectl_json("get", "pod", workload["metadata"]["name"], "-n", ns)["status"]["resourceClaimStatuses"]
+        allocation = cp.kubectl_json("get", "resourceclaim", claim[0]["resourceClaimName"], "-n", ns)["status"]
+        assert allocation["allocation"]["devices"]["results"][0]["pool"] == node
+        for name in ("no-gpu", "gpu-job-without-toleration"):
+            why = _eventually(f"{name} unschedulable", lambda name=name: scheduled_or_why(name))
+            assert "1 node(s) had untolerated taint(s)" in why, why
+        assert cp.kubectl_json("get", "node", node)["spec"]["taints"] == [
+            {"key": f"{DEFAULT_DRIVER}/gpu", "value": "present", "effect": "NoSchedule"}
+        ]  # the node's only taint
+    finally:
+        cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
+        cp.kubectl("delete", "namespace", ns, "--wait=true", timeout=120)
+        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}")
+        cp.delete_node(node)
+
+
+def _token_client(cp: ControlPlane, token: str) -> Any:
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.host = cp.server
+    cfg.ssl_ca_cert = str(cp.work_dir / "pki" / "ca.crt")
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(cfg)
+
+
+def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """nodeLabels.enabled on a real API server: the daemon's service account, with a token bound to its pod on node
+    A, labels node A through dra_driver.labels; it may not label node B, touch a label outside the driver's domain,
+    an annotation or a taint; without the chart's node-label binding it may not patch nodes at all."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from dra_driver.labels import apply_node_labels, node_labels
+    from dra_driver.nvml.discovery import discover
+    from dra_driver.simulator.nvml import SimulatedNvml
+
+    cp, release, ns = control_plane, "labels", "labels-system"
+    fullname, sa = "labels-dra-driver", "labels-dra-driver"
+    kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+             "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+    objs = [o for o in _render(helm, *NODE_LABELS, release=release, namespace=ns) if o["kind"] in kinds]
+    cp.kubectl("create", "namespace", ns)
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    foreign = {"team.example.com/owner": "ml", "nvidia.com/gpu.present": "true"}
+    for node in ("labels-a", "labels-b"):
+        cp.create_node(node, labels=foreign)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "daemon-a", "namespace": ns},
+           "spec": {"nodeName": "labels-a", "serviceAccountName": sa,
+                    "containers": [{"name": "plugin", "image": "registry.invalid/dra-driver:test"}]}}  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    token = cp.kubectl("create", "token", sa, "-n", ns, "--bound-object-kind", "Pod",
+                       "--bound-object-name", "daemon-a").stdout.strip()  # fmt: skip
+    core = client.CoreV1Api(_token_client(cp, token))
+
+    def refused(node: str, patch: dict[str, Any], dry_run: bool = False) -> str:
+        """The API server's refusal of this patch by the service account ('' when it is accepted)."""
+        try:
+            core.patch_node(node, patch, **({"dry_run": "All"} if dry_run else {}))
+        except ApiException as e:
+            assert e.status == 403, e
+            return str(e.body)
+        return ""
+
+    def labels(node: str) -> dict[str, str]:
+        return dict(cp.kubectl_json("get", "node", node)["metadata"]["labels"])
+
+    try:
+        # the policy is in force once it refuses a patch of a foreign label (admission runs on dry runs too)
+        only_ours = f"may only change node labels under {DEFAULT_DRIVER}/"
+        foreign_patch = {"metadata": {"labels": {"x.example.com/y": "1"}}}
+        _eventually("the policy in force", lambda: only_ours in refused("labels-a", foreign_patch, dry_run=True))
+        sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
+        wanted = node_labels(discover(sim, sim.sysfs_root), DEFAULT_DRIVER)
+        assert apply_node_labels(core, "labels-a", wanted)  # its own node: allowed
+        assert {k: v for k, v in labels("labels-a").items() if k.startswith(f"{DEFAULT_DRIVER}/")} == wanted
+        assert {k: labels("labels-a")[k] for k in foreign} == foreign
+
+        with pytest.raises(ApiException) as other_node:
+            apply_node_labels(core, "labels-b", wanted)
+        assert other_node.value.status == 403 and "may only label node labels-a, not node labels-b" in str(
+            other_node.value.body
+        )
+        for patch in (
+            {"metadata": {"labels": {"team.example.com/owner": "web"}}},  # change someone else's label
+            {"metadata": {"labels": {"nvidia.com/gpu.present": None}}},  # remove one
+            {"metadata": {"labels": {"other.example.com/gpu": "1"}}},  # add one
+            {"metadata": {"annotations": {"x.example.com/a": "1"}}},
+            {"spec": {"taints": [{"key": "x.example.com/t", "effect": "NoSchedule"}]}},
+            {"spec": {"unschedulable": True}},
+        ):
+            assert only_ours in refused("labels-a", patch), patch
+        assert {k: labels("labels-a")[k] for k in foreign} == foreign
+        assert not cp.kubectl_json("get", "node", "labels-a")["spec"].get("taints")
+        # status cannot be written through the nodes resource: accepted, and nothing changes
+        assert refused("labels-a", {"status": {"capacity": {"cpu": "1"}}}) == ""
+        assert cp.kubectl_json("get", "node", "labels-a")["status"]["capacity"]["cpu"] == "100"
+        # removing its own labels (the driver going away) is allowed
+        apply_node_labels(core, "labels-a", {}, domain=DEFAULT_DRIVER)
+        assert not [k for k in labels("labels-a") if k.startswith(f"{DEFAULT_DRIVER}/")]
+
+        # without the node-labels binding (nodeLabels.enabled=false) RBAC refuses the patch outright
+        cp.kubectl("delete", "clusterrolebinding", f"{fullname}-node-labels")
+        why = _eventually("RBAC refusal", lambda: refused("labels-a", {"metadata": {"labels": wanted}}, True))
+        assert 'cannot patch resource \\"nodes\\"' in why or 'cannot patch resource "nodes"' in why, why
+    finally:
+        cp.kubectl("delete", "namespace", ns, "--wait=false")
+        for o in objs:
+            if o["kind"] != "ServiceAccount":
+                cp.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found")
+        for node in ("labels-a", "labels-b"):
+            cp.delete_node(node)
