@@ -25,6 +25,7 @@ from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.model import ResourceSlice
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
+HEALTH_SOCKET_ENV = "DRA_DRIVER_HEALTH_SOCKET"  # `health --socket` default, for a daemon with another --plugin-dir
 
 
 def _add_nvml_args(p: argparse.ArgumentParser) -> None:
@@ -149,7 +150,11 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 def _health_socket(args: argparse.Namespace) -> Path:
     from dra_driver.health.admin import SOCKET_NAME
 
-    return Path(args.socket) if args.socket else DEFAULT_PLUGINS_DIR / args.driver / SOCKET_NAME
+    if args.socket:
+        return Path(args.socket)
+    if os.environ.get(HEALTH_SOCKET_ENV):
+        return Path(os.environ[HEALTH_SOCKET_ENV])
+    return DEFAULT_PLUGINS_DIR / str(args.driver) / SOCKET_NAME
 
 
 def _print_health(report: dict[str, Any]) -> None:
@@ -256,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--socket",
             type=Path,
-            help=f"the daemon's admin socket (default {DEFAULT_PLUGINS_DIR}/<driver>/health.sock)",
+            help=f"the daemon's admin socket (default: ${HEALTH_SOCKET_ENV}, else "
+            f"{DEFAULT_PLUGINS_DIR}/<driver>/health.sock)",
         )
         if name == "status":
             p.add_argument("-o", "--output", choices=["table", "json"], default="table")

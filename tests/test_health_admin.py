@@ -166,15 +166,18 @@ def test_cli_without_a_daemon(short_dir: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_default_socket_follows_the_plugin_dir(tmp_path: Path) -> None:
-    from dra_driver.cli import build_parser
+def test_default_socket_follows_the_plugin_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_driver.cli import _health_socket, build_parser
 
+    monkeypatch.delenv("DRA_DRIVER_HEALTH_SOCKET", raising=False)
     args = build_parser().parse_args(["health", "clear", "gpu-1"])
-    from dra_driver.cli import _health_socket
-
     assert _health_socket(args) == Path(f"/var/lib/kubelet/plugins/{DRIVER}/health.sock")
     other = build_parser().parse_args(["health", "status", "--driver", "gpu.example.com"])
     assert _health_socket(other) == Path("/var/lib/kubelet/plugins/gpu.example.com/health.sock")
+    monkeypatch.setenv("DRA_DRIVER_HEALTH_SOCKET", "/run/plugin/health.sock")  # set by the chart
+    assert _health_socket(args) == Path("/run/plugin/health.sock")
+    explicit = build_parser().parse_args(["health", "status", "--socket", "/x/health.sock"])
+    assert _health_socket(explicit) == Path("/x/health.sock")
 
 
 def test_stop_removes_the_socket_and_a_stale_one_is_replaced(tmp_path: Path, short_dir: Path) -> None:
