@@ -107,7 +107,7 @@ def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -123,7 +123,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _openssl(*args: str, cwd: Path) -> None:
+def openssl(*args: str, cwd: Path) -> None:
     proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
@@ -147,7 +147,7 @@ def make_pki(directory: Path, *, days: int = 7) -> Pki:
         raise ControlPlaneError("the openssl command is needed to make the control plane's certificates")
     directory.mkdir(parents=True, exist_ok=True)
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", str(days),
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", str(days),
              "-subj", "/CN=dra-driver-test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
              "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", cwd=directory)  # fmt: skip
     leaves = {
@@ -164,12 +164,12 @@ def make_pki(directory: Path, *, days: int = 7) -> Pki:
     }
     for name, (subject, extensions) in leaves.items():
         (directory / f"{name}.ext").write_text(extensions)
-        _openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=directory)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=directory)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
                  "-out", f"{name}.crt", "-days", str(days), "-extfile", f"{name}.ext", cwd=directory)  # fmt: skip
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key",
+    openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key",
              cwd=directory)  # fmt: skip
-    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
+    openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
     for key in directory.glob("*.key"):
         key.chmod(0o600)
     return Pki(
@@ -190,6 +190,7 @@ class _Component:
     log_path: Path
     log_file: IO[bytes] = field(repr=False)
     command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     def log_tail(self) -> str:
         try:
@@ -372,18 +373,16 @@ class ControlPlane:
             raise ControlPlaneError("kube-apiserver is still running")
         comp.log_file.close()
         comp.log_file = comp.log_path.open("ab")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
-        env.pop("KUBECONFIG", None)
         comp.process = subprocess.Popen(
             comp.command,
             stdin=subprocess.DEVNULL,
             stdout=comp.log_file,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=comp.env,
             cwd=self.work_dir,
             preexec_fn=_die_with_parent,
         )
-        self._wait(comp, f"{self.server}/readyz", time.monotonic() + timeout)
+        self.wait_http(comp, f"{self.server}/readyz", time.monotonic() + timeout)
 
     def _component(self, name: str) -> _Component:
         for comp in self._components:
@@ -411,10 +410,10 @@ class ControlPlane:
         ctx.load_cert_chain(str(pki.client_cert), str(pki.client_key))
         self._ssl = ctx
 
-        self.etcd_port, peer_port = _free_port(), _free_port()
+        self.etcd_port, peer_port = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
-        etcd = self._spawn("etcd", bin_dir / "etcd", [
+        etcd = self.spawn("etcd", bin_dir / "etcd", [
             "--name=default",
             f"--data-dir={work / 'etcd'}",
             f"--listen-client-urls={etcd_url}",
@@ -425,10 +424,10 @@ class ControlPlane:
             "--unsafe-no-fsync=true",
             "--log-level=warn",
         ])  # fmt: skip
-        self._wait(etcd, f"{etcd_url}/health", deadline, lambda body: b'"health":"true"' in body)
+        self.wait_http(etcd, f"{etcd_url}/health", deadline, lambda body: b'"health":"true"' in body)
 
-        self.api_port = _free_port()
-        apiserver = self._spawn("kube-apiserver", bin_dir / "kube-apiserver", [
+        self.api_port = free_port()
+        apiserver = self.spawn("kube-apiserver", bin_dir / "kube-apiserver", [
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -449,10 +448,10 @@ class ControlPlane:
             f"--feature-gates={_gates(self.feature_gates)}",
             f"--runtime-config={_gates(self.runtime_config)}",
         ])  # fmt: skip
-        self._wait(apiserver, f"{self.server}/readyz", deadline)
+        self.wait_http(apiserver, f"{self.server}/readyz", deadline)
         self._kubeconfig = self._write_kubeconfig(work / "admin.kubeconfig", pki)
         # /readyz does not cover the system namespaces that the apiserver creates right after.
-        self._wait(apiserver, f"{self.server}/api/v1/namespaces/default", deadline)
+        self.wait_http(apiserver, f"{self.server}/api/v1/namespaces/default", deadline)
 
         kubeconfig = str(self._kubeconfig)
         common = [
@@ -463,8 +462,8 @@ class ControlPlane:
             "--bind-address=127.0.0.1",
             f"--feature-gates={_gates(self.feature_gates)}",
         ]
-        kcm_port = _free_port()
-        kcm = self._spawn("kube-controller-manager", bin_dir / "kube-controller-manager", [
+        kcm_port = free_port()
+        kcm = self.spawn("kube-controller-manager", bin_dir / "kube-controller-manager", [
             *common,
             f"--secure-port={kcm_port}",
             f"--cert-dir={work / 'kube-controller-manager'}",
@@ -485,8 +484,8 @@ class ControlPlane:
                 indent=2,
             )
         )
-        sched_port = _free_port()
-        scheduler = self._spawn("kube-scheduler", bin_dir / "kube-scheduler", [
+        sched_port = free_port()
+        scheduler = self.spawn("kube-scheduler", bin_dir / "kube-scheduler", [
             *[a for a in common if not a.startswith("--kubeconfig=")],
             f"--config={scheduler_config}",
             f"--secure-port={sched_port}",
@@ -495,30 +494,33 @@ class ControlPlane:
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certs of KCM and scheduler; loopback only
-        self._wait(kcm, f"https://127.0.0.1:{kcm_port}/healthz", deadline, context=insecure)
-        self._wait(scheduler, f"https://127.0.0.1:{sched_port}/healthz", deadline, context=insecure)
+        self.wait_http(kcm, f"https://127.0.0.1:{kcm_port}/healthz", deadline, context=insecure)
+        self.wait_http(scheduler, f"https://127.0.0.1:{sched_port}/healthz", deadline, context=insecure)
 
-    def _spawn(self, name: str, binary: Path, args: list[str]) -> _Component:
+    def spawn(self, name: str, binary: Path, args: list[str], env: Mapping[str, str] | None = None) -> _Component:
+        """Start a process that belongs to this cluster (log in logs/<name>.log; stopped by `stop()`)."""
         log_path = self.work_dir / "logs" / f"{name}.log"
         log_file = log_path.open("wb")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
-        env.pop("KUBECONFIG", None)
+        # Not this process's cluster: no in-cluster service variables, no KUBECONFIG.
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
+        environ.pop("KUBECONFIG", None)
+        environ.update(env or {})
         process = subprocess.Popen(
             [str(binary), *args],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=environ,
             cwd=self.work_dir,
             preexec_fn=_die_with_parent,
         )
         comp = _Component(
-            name=name, process=process, log_path=log_path, log_file=log_file, command=[str(binary), *args]
+            name=name, process=process, log_path=log_path, log_file=log_file, command=[str(binary), *args], env=environ
         )
         self._components.append(comp)
         return comp
 
-    def _wait(
+    def wait_http(
         self,
         comp: _Component,
         url: str,
@@ -527,6 +529,7 @@ class ControlPlane:
         *,
         context: ssl.SSLContext | None = None,
     ) -> None:
+        """Poll `url` until it answers 200 and `ok(body)`; raise if `comp` exits or `deadline` passes."""
         last = ""
         while time.monotonic() < deadline:
             code = comp.process.poll()

@@ -14,15 +14,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.controlplane import ControlPlane, binaries_up_to_date, ensure_binaries, go_available
+from tests.cluster.controlplane import (
+    DEFAULT_CONTROLLERS,
+    ControlPlane,
+    binaries_up_to_date,
+    ensure_binaries,
+    go_available,
+)
+from tests.cluster.kueue import ensure_kueue
 
 _bin_dir: Path | None = None
 _unavailable: str | None = None
 
 
+def _uses(session: pytest.Session, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in session.items)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     global _bin_dir, _unavailable
-    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+    if not (_uses(session, "control_plane") or _uses(session, "queueing_cluster")):
         return
     if not go_available():
         _unavailable = "no Go toolchain to build the control plane (and DRA_K8S_BIN_DIR is unset)"
@@ -34,15 +45,34 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             "a cold build takes about 15-25 minutes on 2 cores"
         )
     _bin_dir = ensure_binaries()
+    if _uses(session, "queueing_cluster"):
+        ensure_kueue()  # scripts/build-kueue.sh: a few minutes cold
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
+def _require() -> None:
     if _unavailable is not None:
         if os.environ.get("DRA_K8S_REQUIRE") == "1":
             pytest.fail(f"DRA_K8S_REQUIRE=1 but {_unavailable}")
         pytest.skip(_unavailable)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    _require()
     cp = ControlPlane(bin_dir=_bin_dir)
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def queueing_cluster() -> Iterator[ControlPlane]:
+    """A control plane of its own with the job controller, for Kueue (`tests.cluster.kueue.Kueue`): Kueue's
+    webhooks must not outlive it in the shared one."""
+    _require()
+    cp = ControlPlane(bin_dir=_bin_dir, controllers=(*DEFAULT_CONTROLLERS, "job-controller"))
     cp.start()
     try:
         yield cp
