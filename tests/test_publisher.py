@@ -116,6 +116,17 @@ def test_initial_publish(control_plane, node_publisher) -> None:
     assert pub.stats.writes == writes  # nothing changed: no write
 
 
+def test_stop_interrupts_the_watch(control_plane, node_publisher) -> None:
+    """stop() must not sit out the watch's 30 s server timeout: the kubelet's grace period is as long."""
+    pub, _ = node_publisher("pub-stop")
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-stop", 9, 1))
+    time.sleep(1)  # the watch is established and idle: nothing will arrive on it for 30 s
+    began = time.monotonic()
+    pub.stop()
+    assert time.monotonic() - began < 10
+    assert not any(t.is_alive() for t in pub._threads)
+
+
 def test_device_change_bumps_the_generation(control_plane, node_publisher) -> None:
     pub, desired = node_publisher("pub-change")
     wait_for("pool published", lambda: pool_complete(control_plane, "pub-change", 9, 1))

@@ -76,6 +76,7 @@ class Publisher:
         self._selector = f"spec.driver={driver},spec.nodeName={node_name}"
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._current_watch: Any = None
         self._threads: list[threading.Thread] = []
         self._backoff = (backoff_initial, backoff_max)
         self._node_uid: str | None = None
@@ -173,7 +174,7 @@ class Publisher:
 
         delay = self._backoff[0]
         while not self._stop.is_set():
-            w = watch.Watch()
+            w = self._current_watch = watch.Watch()
             try:
                 for event in w.stream(
                     self._objects.list_cluster_custom_object,
@@ -204,5 +205,10 @@ class Publisher:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        # Watch.stop() shuts the stream's socket down, so the watch thread does not sit out the server-side
+        # timeout (30 s: as long as a pod's default grace period) before the daemon can remove its sockets.
+        w = self._current_watch
+        if w is not None:
+            w.stop()
         for t in self._threads:
             t.join(timeout=35)
