@@ -184,7 +184,9 @@ def test_custom_driver_name_reaches_every_object(helm: Helm) -> None:
     assert "--plugin-dir=/var/snap/k8s/kubelet/plugins/gpu.example.com" in c["args"]
     assert "--registry-dir=/var/snap/k8s/kubelet/plugins_registry" in c["args"]
     assert _host_paths(pod)["plugin-dir"] == "/var/snap/k8s/kubelet/plugins/gpu.example.com"
-    assert {e["name"]: e.get("value") for e in c["env"]}["DRA_DRIVER_FEATURE_GATES"] == "MPSSupport=false"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DRA_DRIVER_FEATURE_GATES"] == "MPSSupport=false"
+    assert env["DRA_DRIVER_HEALTH_SOCKET"] == "/var/snap/k8s/kubelet/plugins/gpu.example.com/health.sock"
     assert pod["tolerations"][0]["key"] == "gpu.example.com/gpu"
     classes = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
     assert {"gpu.example.com", "mig.example.com", "gpu-timesliced.example.com", "mig-3g.40gb.gpu.example.com"} <= set(
