@@ -14,8 +14,7 @@ import json
 import os
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,22 +31,11 @@ from dra_driver.plugin.driver import PluginSettings
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as D
 from dra_driver.slices.devices import PublishMode
+from tests.polling import wait_until
 
 NODE, NS, CLASS = "health-node", "health", "health-gpu"
 XID = pynvml.nvmlEventTypeXidCriticalError
 SICK = 5  # NVML index of the GPU that reports the XID and later falls off the bus
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
-    """Poll `check` until it returns something truthy (returned); fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @dataclass

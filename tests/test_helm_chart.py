@@ -11,8 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import ControlPlane
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "dra-driver"
@@ -257,15 +256,6 @@ def test_api_server_accepts_every_object(helm: Helm, control_plane: ControlPlane
 
 
 # ----- placement: the GPU-node taint and node labels ----------------------------------------------------------------
-def _eventually(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_daemonset_tolerates_the_gpu_node_taint(helm: Helm) -> None:
@@ -390,15 +380,15 @@ def test_gpu_node_taint_keeps_other_pods_off(helm: Helm, control_plane: ControlP
                    "spec": {k: v for k, v in workload["spec"].items() if k != "tolerations"}}  # fmt: skip
         create(without)
 
-        assert _eventually("the DaemonSet pod", lambda: scheduled_or_why("daemon")) == "scheduled"
-        assert _eventually("the README's GPU pod", lambda: scheduled_or_why(workload["metadata"]["name"])) == (
+        assert wait_until("the DaemonSet pod", lambda: scheduled_or_why("daemon")) == "scheduled"
+        assert wait_until("the README's GPU pod", lambda: scheduled_or_why(workload["metadata"]["name"])) == (
             "scheduled"
         )
         claim = cp.kubectl_json("get", "pod", workload["metadata"]["name"], "-n", ns)["status"]["resourceClaimStatuses"]
         allocation = cp.kubectl_json("get", "resourceclaim", claim[0]["resourceClaimName"], "-n", ns)["status"]
         assert allocation["allocation"]["devices"]["results"][0]["pool"] == node
         for name in ("no-gpu", "gpu-job-without-toleration"):
-            why = _eventually(f"{name} unschedulable", lambda name=name: scheduled_or_why(name))
+            why = wait_until(f"{name} unschedulable", lambda name=name: scheduled_or_why(name))
             assert "1 node(s) had untolerated taint(s)" in why, why
         assert cp.kubectl_json("get", "node", node)["spec"]["taints"] == [
             {"key": f"{DEFAULT_DRIVER}/gpu", "value": "present", "effect": "NoSchedule"}
@@ -465,7 +455,7 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
         # the policy is in force once it refuses a patch of a foreign label (admission runs on dry runs too)
         only_ours = f"may only change node labels under {DEFAULT_DRIVER}/"
         foreign_patch = {"metadata": {"labels": {"x.example.com/y": "1"}}}
-        _eventually("the policy in force", lambda: only_ours in refused("labels-a", foreign_patch, dry_run=True))
+        wait_until("the policy in force", lambda: only_ours in refused("labels-a", foreign_patch, dry_run=True))
         sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
         wanted = node_labels(discover(sim, sim.sysfs_root), DEFAULT_DRIVER)
         assert apply_node_labels(core, "labels-a", wanted)  # its own node: allowed
@@ -497,7 +487,7 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
 
         # without the node-labels binding (nodeLabels.enabled=false) RBAC refuses the patch outright
         cp.kubectl("delete", "clusterrolebinding", f"{fullname}-node-labels")
-        why = _eventually("RBAC refusal", lambda: refused("labels-a", {"metadata": {"labels": wanted}}, True))
+        why = wait_until("RBAC refusal", lambda: refused("labels-a", {"metadata": {"labels": wanted}}, True))
         assert 'cannot patch resource \\"nodes\\"' in why or 'cannot patch resource "nodes"' in why, why
     finally:
         cp.kubectl("delete", "namespace", ns, "--wait=false")

@@ -224,8 +224,8 @@ class HealthMonitor:
         except Exception:
             log.exception("health: on_xid failed")
 
-    def _mig_uuid(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> str | None:
-        """The UUID of the MIG device with this GPU instance (and compute instance, unless GPU_LEVEL)."""
+    def _carved(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> Any:
+        """The checkpoint's prepared device whose live MIG instance has these ids (CI GPU_LEVEL: any), or None."""
         for claim in list(self.plugin.checkpoint.claims.values()):
             for d in claim.devices:
                 mig = d.mig
@@ -235,7 +235,14 @@ class HealthMonitor:
                     and mig.gi_id == gi_id
                     and ci_id in (mig.ci_id, GPU_LEVEL)
                 ):
-                    return str(mig.uuid)
+                    return d
+        return None
+
+    def _mig_uuid(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> str | None:
+        """The UUID of the MIG device with this GPU instance (and compute instance, unless GPU_LEVEL)."""
+        carved = self._carved(gpu, gi_id, ci_id)
+        if carved is not None:
+            return str(carved.mig.uuid)
         try:
             parent = self.lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
             for index in range(int(self.lib.nvmlDeviceGetMaxMigDeviceCount(parent))):
@@ -268,16 +275,9 @@ class HealthMonitor:
 
     def _mig_device(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> str | None:
         """The published name of the partition with this live instance: checkpoint first, then NVML."""
-        for claim in list(self.plugin.checkpoint.claims.values()):
-            for d in claim.devices:
-                mig = d.mig
-                if (
-                    mig is not None
-                    and mig.parent_uuid == gpu.uuid
-                    and mig.gi_id == gi_id
-                    and ci_id in (mig.ci_id, GPU_LEVEL)
-                ):
-                    return str(d.device)
+        carved = self._carved(gpu, gi_id, ci_id)
+        if carved is not None:
+            return str(carved.device)
         try:
             handle = self.lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
             info = self.lib.nvmlGpuInstanceGetInfo(self.lib.nvmlDeviceGetGpuInstanceById(handle, gi_id))
