@@ -16,6 +16,7 @@ import yaml
 
 from dra_driver.allocation.cli import add_subcommand as add_simulate_subcommand
 from dra_driver.cel.cli import add_subcommand as add_cel_subcommand
+from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.nvml.source import open_source
@@ -122,6 +123,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.sim, args.driver)
 
 
+def _xid_list(text: str) -> frozenset[int]:
+    try:
+        xids = frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of XID numbers: {text!r}") from None
+    if any(x <= 0 for x in xids):
+        raise argparse.ArgumentTypeError(f"XIDs are positive numbers: {text!r}")
+    return xids
+
+
 def cmd_plugin(args: argparse.Namespace) -> int:
     from dra_driver.daemon import DaemonOptions, run
     from dra_driver.plugin.driver import PluginSettings
@@ -142,6 +153,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         args.k8s_version,
         args.rediscover_seconds,
         args.node_labels,
+        args.ignored_xids,
     )
     run(options, open_source(args.sim, args.sim_state, args.sysfs_root, args.proc_root))
     return 0
@@ -247,6 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="label this Node with GPU facts in the driver's domain (needs RBAC patch on nodes)",
+    )
+    plugin.add_argument(
+        "--ignored-xids",
+        type=_xid_list,
+        default=DEFAULT_IGNORED_XIDS,
+        help="XIDs that never taint a device (comma-separated, replaces the default; '' taints on every XID; "
+        f"default {','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))}: application errors)",
     )
     plugin.set_defaults(func=cmd_plugin, k8s_version=None)  # None: ask the API server
 

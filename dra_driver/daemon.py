@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY, start_http_server
 from dra_driver.controller.publisher import Publisher
 from dra_driver.health import ClaimStatusReporter, HealthAdminServer, HealthMonitor, publishable
 from dra_driver.health.admin import SOCKET_NAME
+from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
 from dra_driver.labels import apply_node_labels, node_labels
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
@@ -47,6 +48,7 @@ class DaemonOptions:
     k8s_version: str | None = None  # None: ask the API server
     rediscover_seconds: float = 60.0
     node_labels: bool = False  # label the Node with GPU facts (needs `patch` on nodes; not in deploy/rbac.yaml)
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS  # XIDs counted in the metrics but never tainting
 
 
 def server_minor(api_client: Any) -> str:
@@ -101,7 +103,14 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         publisher.trigger()
         claim_status.trigger()
 
-    health = HealthMonitor(source.lib, driver, settings.driver, on_change=health_changed, on_xid=collector.record_xid)
+    health = HealthMonitor(
+        source.lib,
+        driver,
+        settings.driver,
+        ignored_xids=options.ignored_xids,
+        on_change=health_changed,
+        on_xid=collector.record_xid,
+    )
     claim_status = ClaimStatusReporter(
         KubeClaimSource(api, request_timeout=API_TIMEOUT_SECONDS),
         settings.driver,

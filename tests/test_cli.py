@@ -77,3 +77,20 @@ def test_demo_runs_on_the_simulated_node(tmp_path: Path) -> None:
     assert "gpu-4-mig-4g40gb-5-0" in out.stdout and "why is claim nine-gpus Pending?" in out.stdout
     assert "MIG instances left: 0; CDI specs left: 0" in out.stdout
     assert out.stdout.rstrip().endswith("demo finished: everything prepared and released")
+
+
+def test_plugin_ignored_xids_reach_the_daemon(tmp_path: Path, monkeypatch) -> None:
+    import dra_driver.daemon
+    from dra_driver.cli import main
+    from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
+
+    seen: list[frozenset[int]] = []
+    monkeypatch.setattr(dra_driver.daemon, "run", lambda options, source: seen.append(options.ignored_xids))
+    monkeypatch.setenv("DRA_DRIVER_SIM_STATE", str(tmp_path))
+    common = ["plugin", "--sim", "dgx-h100", "--node-name", "n1", "--plugin-dir", str(tmp_path / "p")]
+    assert main(common) == 0
+    assert main([*common, "--ignored-xids", "13, 79"]) == 0
+    assert main([*common, "--ignored-xids", ""]) == 0
+    assert seen == [DEFAULT_IGNORED_XIDS, frozenset({13, 79}), frozenset()]
+    bad = _run(*common, "--ignored-xids", "13,x", tmp_path=tmp_path)
+    assert bad.returncode == 2 and "not a comma-separated list of XID numbers" in bad.stderr

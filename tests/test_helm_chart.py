@@ -258,6 +258,15 @@ def test_api_server_accepts_every_object(helm: Helm, control_plane: ControlPlane
 # ----- placement: the GPU-node taint and node labels ----------------------------------------------------------------
 
 
+def test_ignored_xids_reach_the_daemon(helm: Helm) -> None:
+    from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
+
+    default = _plugin(_render(helm))["c"]["args"]
+    assert f"--ignored-xids={','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))}" in default
+    assert "--ignored-xids=13,79" in _plugin(_render(helm, "--set", "health.ignoredXids={13,79}"))["c"]["args"]
+    assert "--ignored-xids=" in _plugin(_render(helm, "--set-json", "health.ignoredXids=[]"))["c"]["args"]
+
+
 def test_daemonset_tolerates_the_gpu_node_taint(helm: Helm) -> None:
     assert _plugin(_render(helm))["pod"]["tolerations"] == [GPU_TOLERATION]  # by default, and nothing else
     extra = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
