@@ -317,10 +317,14 @@ def test_node_labels_value_toggles_the_flag_rbac_and_policy(helm: Helm) -> None:
 
 def test_notes_say_how_to_taint_gpu_nodes(helm: Helm, control_plane: ControlPlane) -> None:
     env = {**helm.env, "KUBECONFIG": str(control_plane.kubeconfig)}  # install --dry-run asks the server's version
+    # Even a client dry run refuses cluster-scoped objects that exist without Helm's ownership metadata (other tests
+    # apply deviceclasses/ to this cluster): render no DeviceClasses, and a release name of this test's own.
+    own = ("--set", "deviceClasses.enabled=false")
 
     def notes(*values: str) -> str:
-        proc = subprocess.run([str(helm.path), "install", RELEASE, str(CHART), "-n", NAMESPACE, "--dry-run=client",
-                               *values], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        proc = subprocess.run([str(helm.path), "install", "notes-test", str(CHART), "-n", NAMESPACE,
+                               "--dry-run=client", *own, *values], env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split("\nNOTES:\n", 1)[1]
 
