@@ -125,6 +125,7 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
         "--registry-dir=/var/lib/kubelet/plugins_registry",
         "--cdi-root=/var/run/cdi",
         "--rediscover-seconds=60",
+        "--ignored-xids=13,31,43,45,68,109",
         "--metrics-port=8080",
     ]
     assert c["securityContext"] == {"privileged": True}
@@ -290,7 +291,7 @@ def test_node_labels_value_toggles_the_flag_rbac_and_policy(helm: Helm) -> None:
 
     on = _render(helm, *NODE_LABELS)
     args = _plugin(on)["c"]["args"]
-    assert args[args.index("--rediscover-seconds=60") + 1] == "--node-labels"
+    assert args[args.index("--ignored-xids=13,31,43,45,68,109") + 1] == "--node-labels"
     role = _one(on, "ClusterRole", f"{FULLNAME}-node-labels")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     binding = _one(on, "ClusterRoleBinding", f"{FULLNAME}-node-labels")
