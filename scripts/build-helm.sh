@@ -9,10 +9,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${DRA_DRIVER_CACHE:-$HOME/.cache/dra-driver}"
 src="$here/tools/helm"
-go_cmd="${GO:-}"
-if [ -z "$go_cmd" ]; then
-  if command -v go >/dev/null 2>&1; then go_cmd="$(command -v go)"; else go_cmd=/usr/local/go/bin/go; fi
-fi
+. "$here/scripts/find-go.sh"
 version="$(awk '$1 == "helm.sh/helm/v3" {print $2}' "$src/go.mod")"
 kube="$(awk '$1 == "k8s.io/client-go" {print $2}' "$src/go.mod")" # v0.37.0 -> Kubernetes 1.37
 kube_minor="$(echo "$kube" | cut -d. -f2)"

@@ -15,10 +15,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${DRA_DRIVER_CACHE:-$HOME/.cache/dra-driver}"
 src="$here/tools/kueue"
-go_cmd="${GO:-}"
-if [ -z "$go_cmd" ]; then
-  if command -v go >/dev/null 2>&1; then go_cmd="$(command -v go)"; else go_cmd=/usr/local/go/bin/go; fi
-fi
+. "$here/scripts/find-go.sh"
 version="$(awk '$1 == "sigs.k8s.io/kueue" {print $2}' "$src/go.mod")"
 hash="$(cat "$src/go.mod" "$src/go.sum" "$0" | sha256sum | cut -c1-16)"
 out="$cache/kueue/$version/kueue"
