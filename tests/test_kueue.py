@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,13 @@ class Cluster:
             self.cp.kubectl("patch", "pod", p["metadata"]["name"], "-n", ns, "--subresource=status", "--type=merge",
                             "-p", '{"status": {"phase": "Succeeded"}}')  # fmt: skip
 
+    def expect_usage(self, queue: str, total: int, borrowed: int) -> None:
+        """Kueue reports this usage of the ClusterQueue (its status follows admissions a little later)."""
+        try:
+            wait_for(f"{queue} using {total} GPUs, {borrowed} borrowed", lambda: self.usage(queue) == (total, borrowed))
+        except AssertionError as e:
+            raise AssertionError(f"{e}; it reports {self.usage(queue)}") from None
+
     def usage(self, queue: str) -> tuple[int, int]:
         """(GPUs in use, of which borrowed) of a ClusterQueue, as Kueue reports it."""
         status = self.cp.kubectl_json("get", "clusterqueues.kueue.x-k8s.io", queue).get("status", {})
@@ -211,10 +219,14 @@ def test_three_teams_share_one_node_as_designed(cluster: Cluster) -> None:
     # 1. research: the example Job (4 GPUs in one pod) is within its nominal quota.
     c.cp.kubectl("apply", "-f", str(EXAMPLES / "job.yaml"))
     settle(admitted=[("team-research", "pretrain")], waiting=[])
+    # Kueue preempts the most recently admitted borrower first (step 5), by condition timestamps of one-second
+    # resolution: let a second pass so that sweep's admission is strictly later than pretrain's.
+    admitted_at = c.conditions("team-research", "pretrain")["Admitted"]["lastTransitionTime"]
+    wait_for("the next second", lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") > admitted_at, 5)
     # 2. research again, 3 pods x 1 GPU: admitted by borrowing the idle training quota (inference lends nothing).
     c.job("team-research", "sweep", pods=3, gpus=1)
     settle(admitted=[("team-research", "pretrain"), ("team-research", "sweep")], waiting=[])
-    assert c.usage("research") == (7, 3)
+    c.expect_usage("research", 7, 3)
     # 3. research, 1 more GPU: the last GPU of the node is inference's, which it never lends.
     c.job("team-research", "eval", pods=1, gpus=1)
     settle(admitted=[("team-research", "sweep")], waiting=[("team-research", "eval")])
@@ -234,14 +246,15 @@ def test_three_teams_share_one_node_as_designed(cluster: Cluster) -> None:
         waiting=[("team-research", "sweep")],
     )
     assert c.conditions("team-research", "sweep")["Evicted"]["reason"] == "Preempted"
-    assert c.usage("training") == (2, 0) and c.usage("research") == (5, 1)
+    c.expect_usage("training", 2, 0)
+    c.expect_usage("research", 5, 1)
     wait_for("pods of admitted Jobs have their GPUs", lambda: len(all_devices(c)) == 8, 90)
     assert len(set(all_devices(c))) == 8
 
     # 6. research's pretrain finishes: its 4 GPUs return to research's nominal quota, and sweep gets back in.
     c.finish("team-research", "pretrain")
     settle(admitted=[("team-research", "sweep"), ("team-research", "eval")], waiting=[])
-    assert c.usage("research") == (4, 0)
+    c.expect_usage("research", 4, 0)
     wait_for("sweep's pods have their GPUs", lambda: len(c.devices_of("team-research", "sweep")) == 3, 90)
     assert len(set(all_devices(c))) == len(all_devices(c)) == 7
 
