@@ -43,7 +43,7 @@ from typing import Any, Literal, Protocol
 
 import pynvml
 
-from dra_driver.nvml.api import NvmlLibrary, describe, error_code
+from dra_driver.nvml.api import NvmlLibrary, as_text, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory
 from dra_driver.plugin.catalog import CatalogEntry, conflicts
 from dra_driver.slices.model import DeviceTaint
@@ -166,7 +166,7 @@ class HealthMonitor:
             return [replace(i) for i in self._incidents]
 
     def gpu_of(self, uuid: str) -> GpuInfo | None:
-        return next((g for g in self.plugin.inventory.gpus if g.uuid == uuid), None)
+        return self.plugin.inventory.gpu_by_uuid(uuid)
 
     def clear(self, device_or_gpu: str) -> int:
         """Remove the XID/ECC incidents that tainted this device (or GPU, by UUID); returns how many.
@@ -254,8 +254,7 @@ class HealthMonitor:
                     self.lib.nvmlDeviceGetComputeInstanceId(mig_handle),
                     GPU_LEVEL,
                 ):
-                    uuid = self.lib.nvmlDeviceGetUUID(mig_handle)
-                    return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+                    return as_text(self.lib.nvmlDeviceGetUUID(mig_handle))
         except pynvml.NVMLError as err:
             log.info("health: MIG devices of %s: %s", gpu.uuid, describe(err))
         return None

@@ -80,6 +80,11 @@ def real_nvml() -> NvmlLibrary:
     return cast(NvmlLibrary, pynvml)
 
 
+def as_text(value: str | bytes) -> str:
+    """A string NVML returned (UUIDs, names): pynvml gives `bytes` in older releases, `str` in newer ones."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def error_code(err: BaseException) -> int | None:
     """The NVML return code of an NVMLError, or None for other exceptions."""
     value = getattr(err, "value", None)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pynvml
 
-from dra_driver.nvml.api import Handle, NvmlLibrary, describe, error_code
+from dra_driver.nvml.api import Handle, NvmlLibrary, as_text, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigInstance, MigProfile, Placement
 from dra_driver.nvml.migprofile import COMPUTE_INSTANCE_ENUM_BY_SLICES, GPU_INSTANCE_ENUMS, profile_name
 from dra_driver.nvml.pcie import normalize_bus_id, pcie_root
@@ -45,10 +45,6 @@ class DiscoveryError(RuntimeError):
     pass
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _call(what: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
@@ -69,7 +65,7 @@ def discover(lib: NvmlLibrary, sysfs_root: Path = Path("/sys")) -> Inventory:
             f"cannot initialise NVML: {describe(e)} (no NVIDIA driver here? `--sim MACHINE` uses a simulated node)"
         ) from e
     try:
-        driver = _text(_call("driver version", lib.nvmlSystemGetDriverVersion))
+        driver = as_text(_call("driver version", lib.nvmlSystemGetDriverVersion))
         cuda = cuda_version_string(_call("CUDA driver version", lib.nvmlSystemGetCudaDriverVersion))
         count = _call("device count", lib.nvmlDeviceGetCount)
         gpus = tuple(_discover_gpu(lib, i, sysfs_root) for i in range(count))
@@ -93,7 +89,7 @@ def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
     h = _call(f"GPU {index} handle", lib.nvmlDeviceGetHandleByIndex, index)
     memory_total = int(_call(f"GPU {index} memory", lib.nvmlDeviceGetMemoryInfo, h).total)
     pci = _call(f"GPU {index} PCI info", lib.nvmlDeviceGetPciInfo, h)
-    bdf = normalize_bus_id(_text(pci.busId))
+    bdf = normalize_bus_id(as_text(pci.busId))
     major, minor_cc = _call(f"GPU {index} compute capability", lib.nvmlDeviceGetCudaComputeCapability, h)
     arch = _call(f"GPU {index} architecture", lib.nvmlDeviceGetArchitecture, h)
     virtualized = (
@@ -106,8 +102,8 @@ def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
     return GpuInfo(
         index=index,
         minor=_call(f"GPU {index} minor number", lib.nvmlDeviceGetMinorNumber, h),
-        uuid=_text(_call(f"GPU {index} UUID", lib.nvmlDeviceGetUUID, h)),
-        product_name=_text(_call(f"GPU {index} name", lib.nvmlDeviceGetName, h)),
+        uuid=as_text(_call(f"GPU {index} UUID", lib.nvmlDeviceGetUUID, h)),
+        product_name=as_text(_call(f"GPU {index} name", lib.nvmlDeviceGetName, h)),
         brand=BRAND_NAMES.get(_call(f"GPU {index} brand", lib.nvmlDeviceGetBrand, h), "Unknown"),
         architecture=ARCHITECTURE_NAMES.get(arch, "Unknown"),
         cuda_compute_capability=f"{major}.{minor_cc}",
@@ -153,7 +149,7 @@ def _mig_profiles(lib: NvmlLibrary, h: Handle, memory_total: int) -> tuple[MigPr
                 enum=enum,
                 id=info.id,
                 name=profile_name(enum, memory_total, info.memorySizeMB),
-                driver_name=_text(info.name).removeprefix("MIG "),
+                driver_name=as_text(info.name).removeprefix("MIG "),
                 compute_slices=info.sliceCount,
                 memory_slices=placements[0].size,
                 instance_count=info.instanceCount,
@@ -191,7 +187,7 @@ def _mig_instances(lib: NvmlLibrary, h: Handle, profiles: tuple[MigProfile, ...]
         attrs = _call("MIG attributes", lib.nvmlDeviceGetAttributes, mig)
         found.append(
             MigInstance(
-                uuid=_text(_call("MIG UUID", lib.nvmlDeviceGetUUID, mig)),
+                uuid=as_text(_call("MIG UUID", lib.nvmlDeviceGetUUID, mig)),
                 gpu_instance_id=gi_id,
                 compute_instance_id=ci_id,
                 profile_id=gi_info.profileId,

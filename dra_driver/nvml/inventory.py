@@ -88,3 +88,6 @@ class Inventory(_Frozen):
             if g.minor == minor:
                 return g
         raise KeyError(f"no GPU with minor number {minor}")
+
+    def gpu_by_uuid(self, uuid: str) -> GpuInfo | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)

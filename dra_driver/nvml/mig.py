@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import pynvml
 from pydantic import BaseModel
 
-from dra_driver.nvml.api import Handle, NvmlLibrary, describe, error_code, error_name
+from dra_driver.nvml.api import Handle, NvmlLibrary, as_text, describe, error_code, error_name
 from dra_driver.nvml.migprofile import COMPUTE_INSTANCE_ENUM_BY_SLICES
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def create_mig_device(
         placement_start=start,
         gi_id=gi_info.id,
         ci_id=ci_info.id,
-        uuid=mig_uuid.decode() if isinstance(mig_uuid, bytes) else mig_uuid,
+        uuid=as_text(mig_uuid),
     )
 
 

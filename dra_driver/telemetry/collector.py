@@ -44,7 +44,7 @@ import pynvml
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from dra_driver.nvml.api import Handle, NvmlLibrary, describe, error_code
+from dra_driver.nvml.api import Handle, NvmlLibrary, as_text, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo
 from dra_driver.slices.naming import gpu_device_name, mig_device_name
 
@@ -62,10 +62,6 @@ _NO_MIG_DEVICE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMEN
 
 def no_pod(namespace: str, claim: str) -> str:
     return ""
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)
@@ -166,16 +162,16 @@ class GpuCollector(Collector):
     def record_xid(self, gpu_uuid: str, xid: int) -> None:
         """An XID error happened on a GPU (or MIG device, by its MIG UUID). Counted under the claim holding the
         device now, so that a later claim on the same device does not inherit it."""
-        device, product = "", ""
         holders, mig_names = self._holders()
-        products = {g.uuid: g.product_name for g in self.driver.inventory.gpus}
-        for gpu in self.driver.inventory.gpus:
-            if gpu.uuid == gpu_uuid:
-                device, product = gpu_device_name(gpu.minor), gpu.product_name
-        if gpu_uuid in mig_names:
+        inventory = self.driver.inventory
+        gpu = inventory.gpu_by_uuid(gpu_uuid)
+        if gpu is not None:
+            device, product = gpu_device_name(gpu.minor), gpu.product_name
+        elif gpu_uuid in mig_names:
             device, parent_uuid = mig_names[gpu_uuid]
-            product = products.get(parent_uuid, "")
-        elif not device:  # a MIG device no claim of this driver carved: named from its placement, as when scraped
+            parent = inventory.gpu_by_uuid(parent_uuid)
+            product = parent.product_name if parent is not None else ""
+        else:  # a MIG device no claim of this driver carved: named from its placement, as when scraped
             device, product = self._unclaimed_mig(gpu_uuid, mig_names)
         key = (*self._labels(device, gpu_uuid, product, holders.get(device)), str(xid))
         with self._lock:
@@ -190,10 +186,13 @@ class GpuCollector(Collector):
             if not int(getattr(is_mig, "value", is_mig)):
                 return "", ""
             parent = lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
-            parent_uuid = _text(lib.nvmlDeviceGetUUID(parent))
-            gpu = next(g for g in self.driver.inventory.gpus if g.uuid == parent_uuid)
+            parent_uuid = as_text(lib.nvmlDeviceGetUUID(parent))
+            gpu = self.driver.inventory.gpu_by_uuid(parent_uuid)
+            if gpu is None:
+                log.debug("XID on %s: its GPU %s is not in the inventory", mig_uuid, parent_uuid)
+                return "", ""
             return self._mig_name(parent, mig, gpu, mig_uuid, mig_names), gpu.product_name
-        except (pynvml.NVMLError, StopIteration) as e:
+        except pynvml.NVMLError as e:
             log.debug("XID on %s: no such MIG device: %s", mig_uuid, describe(e))
             return "", ""
 
@@ -294,7 +293,7 @@ class GpuCollector(Collector):
                 if error_code(e) in (*_NO_MIG_DEVICE, *_OPTIONAL):
                     continue
                 raise
-            mig_uuid = _text(lib.nvmlDeviceGetUUID(mig))
+            mig_uuid = as_text(lib.nvmlDeviceGetUUID(mig))
             found.append(
                 (self._mig_name(parent, mig, gpu, mig_uuid, mig_names), mig_uuid, lib.nvmlDeviceGetMemoryInfo(mig))
             )
