@@ -27,9 +27,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from dra_driver.health.monitor import api_time_now
 from dra_driver.plugin.checkpoint import ClaimEntry, ClaimState
 from dra_driver.plugin.claims import RESOURCE_GROUP, RESOURCE_VERSION, ResourceClaim
 from dra_driver.slices.model import DeviceTaint
@@ -97,10 +97,6 @@ def device_condition(device: str, taints: Iterable[DeviceTaint]) -> Condition:
     return Condition(status, reason, f"{device}: " + "; ".join(_describe(k, by_kind[k]) for k in kinds))
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class ClaimStatusReporter:
     def __init__(
         self,
@@ -111,7 +107,7 @@ class ClaimStatusReporter:
         *,
         resync_seconds: float = 30.0,
         retry_seconds: float = 5.0,
-        clock: Callable[[], str] = _now,
+        clock: Callable[[], str] = api_time_now,
     ) -> None:
         self.api = api
         self.driver_name = driver_name

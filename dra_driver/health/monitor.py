@@ -60,6 +60,12 @@ WANTED_EVENTS = XID | SINGLE_BIT_ECC | DOUBLE_BIT_ECC
 INFORMATIONAL_EFFECT_MINOR = 35  # effect None is accepted from Kubernetes 1.35
 
 
+def api_time_now() -> str:
+    """Now as the API server writes metav1.Time (RFC 3339, UTC, whole seconds): taints' timeAdded, conditions'
+    lastTransitionTime."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 Effect = Literal["None", "NoSchedule", "NoExecute"]
 
 
@@ -82,7 +88,7 @@ class Incident:
     devices: frozenset[str]
     value: str | None
     effect: Effect
-    time_added: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    time_added: str = field(default_factory=api_time_now)
 
     @property
     def clearable(self) -> bool:
