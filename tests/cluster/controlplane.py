@@ -140,16 +140,31 @@ class Pki:
     sa_pub: Path
 
 
+_EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")  # ECDSA P-256: fast
+
+
+def make_ca(directory: Path, common_name: str, *, days: int = 7) -> None:
+    """A throwaway CA in `directory`: ca.crt, ca.key."""
+    directory.mkdir(parents=True, exist_ok=True)
+    openssl("req", "-x509", *_EC_KEY, "-keyout", "ca.key", "-out", "ca.crt", "-days", str(days),
+            "-subj", f"/CN={common_name}", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", cwd=directory)  # fmt: skip
+
+
+def issue_cert(directory: Path, name: str, subject: str, extensions: str, *, days: int = 7) -> None:
+    """<name>.crt and <name>.key in `directory`, signed by its CA (`make_ca`), with these x509v3 extensions."""
+    (directory / f"{name}.ext").write_text(extensions)
+    openssl("req", "-new", *_EC_KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=directory)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", str(days), "-extfile", f"{name}.ext", cwd=directory)  # fmt: skip
+
+
 def make_pki(directory: Path, *, days: int = 7) -> Pki:
     """A throwaway CA; a serving cert for 127.0.0.1/localhost/the kubernetes Service; an admin client cert
     (O=system:masters); a service-account signing key. ECDSA P-256 keeps it fast."""
     if shutil.which("openssl") is None:
         raise ControlPlaneError("the openssl command is needed to make the control plane's certificates")
-    directory.mkdir(parents=True, exist_ok=True)
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", str(days),
-             "-subj", "/CN=dra-driver-test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", cwd=directory)  # fmt: skip
+    make_ca(directory, "dra-driver-test-ca", days=days)
     leaves = {
         "serving": (
             "/CN=kube-apiserver",
@@ -163,10 +178,7 @@ def make_pki(directory: Path, *, days: int = 7) -> Pki:
         ),
     }
     for name, (subject, extensions) in leaves.items():
-        (directory / f"{name}.ext").write_text(extensions)
-        openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=directory)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", str(days), "-extfile", f"{name}.ext", cwd=directory)  # fmt: skip
+        issue_cert(directory, name, subject, extensions, days=days)
     openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key",
              cwd=directory)  # fmt: skip
     openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)

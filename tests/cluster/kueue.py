@@ -26,7 +26,15 @@ from typing import Any
 
 import yaml
 
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane, ControlPlaneError, KubectlError, free_port, openssl
+from tests.cluster.controlplane import (
+    REPO_ROOT,
+    ControlPlane,
+    ControlPlaneError,
+    KubectlError,
+    free_port,
+    issue_cert,
+    make_ca,
+)
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kueue.sh"
 TOOL_DIR = REPO_ROOT / "tools" / "kueue"
@@ -68,15 +76,9 @@ def module_dir() -> Path:
 
 def _serving_cert(directory: Path) -> Path:
     """A CA and a 127.0.0.1 serving certificate in `directory` (tls.crt, tls.key: controller-runtime's names)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "7", "-subj", "/CN=kueue-webhook-ca",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-            cwd=directory)  # fmt: skip
-    (directory / "tls.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    openssl("req", "-new", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=127.0.0.1", cwd=directory)
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "tls.crt",
-            "-days", "7", "-extfile", "tls.ext", cwd=directory)  # fmt: skip
+    make_ca(directory, "kueue-webhook-ca")
+    san = "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+    issue_cert(directory, "tls", "/CN=127.0.0.1", san)
     return directory / "ca.crt"
 
 
