@@ -21,8 +21,9 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import GPU_CLASS, claim, ref
+from tests.polling import wait_for
 from tests.test_plugin_apiserver import _create
-from tests.test_publisher import pool, pool_complete, wait_for
+from tests.test_publisher import pool, pool_complete
 
 NODE = "daemon-node"
 

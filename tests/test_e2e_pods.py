@@ -23,7 +23,8 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as D
 from dra_driver.slices.builder import build_slices
 from tests.kubelet_harness import KubeletHarness
-from tests.test_publisher import api_client, pool_complete, wait_for
+from tests.polling import wait_for
+from tests.test_publisher import api_client, pool_complete
 
 NODE, NS = "e2e-node", "e2e"
 ROOT = Path(__file__).resolve().parent.parent

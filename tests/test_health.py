@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from dra_driver.plugin.driver import Driver
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices
 from tests.plugin_helpers import DRIVER, NODE, Node, claim, ref
+from tests.polling import wait_until
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 DBE = pynvml.nvmlEventTypeDoubleBitEccError
@@ -22,11 +22,7 @@ SBE = pynvml.nvmlEventTypeSingleBitEccError
 
 
 def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
+    wait_until("the condition", check, timeout, interval=0.02)
 
 
 # ----- the simulator's event API ---------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.model import DeviceTaint
 from tests.plugin_helpers import DRIVER, GPU_CLASS, claim
+from tests.polling import wait_for
 from tests.test_plugin_apiserver import _create
-from tests.test_publisher import api_client, wait_for
+from tests.test_publisher import api_client
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 IMMUTABLE_UID = (

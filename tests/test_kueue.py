@@ -25,7 +25,8 @@ from dra_driver.slices.builder import build_slices
 from dra_driver.slices.devices import PublishMode
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.kueue import Kueue
-from tests.test_publisher import api_client, pool_complete, wait_for
+from tests.polling import wait_for
+from tests.test_publisher import api_client, pool_complete
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "kueue"

@@ -17,24 +17,13 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import build_slices
 from dra_driver.slices.model import DeviceTaint, ResourceSlice
+from tests.polling import wait_for
 
 
 def api_client(kubeconfig: Path) -> Any:
     from kubernetes import config
 
     return config.new_client_from_config(config_file=str(kubeconfig))
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Desired:
