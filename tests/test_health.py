@@ -155,8 +155,8 @@ def test_mig_level_xid_of_an_instance_the_driver_did_not_carve_is_found_through_
     sim = node.sim
     sim.nvmlInit()
     h = sim.nvmlDeviceGetHandleByIndex(6)
+    d = node.driver()  # (MIG on after the start: in partitionable mode, start-up turns an unused MIG off)
     sim.nvmlDeviceSetMigMode(h, pynvml.NVML_DEVICE_MIG_ENABLE)
-    d = node.driver()
     name = "gpu-6-mig-1g10gb-19-5"
     entry = d.catalog[name]
     assert entry.profile is not None

@@ -1,5 +1,6 @@
 """CDI spec files on disk: written atomically (a temp name the runtime ignores, fsync, rename), removed on
-unprepare, listed to find orphans after a crash."""
+unprepare, listed to find orphans after a crash. A failed write (a full disk) removes its temp file; temp files
+left by a crash are found by :meth:`CdiStore.stale_temp_files`."""
 
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ class CdiStore:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(claim_uid)
         tmp = final.with_name(f".{final.name}.tmp")  # neither .json nor .yaml: runtimes skip it
-        with open(tmp, "w") as f:
-            json.dump(spec.to_json_dict(), f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(spec.to_json_dict(), f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         dir_fd = os.open(self.root, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -35,15 +40,28 @@ class CdiStore:
         return final
 
     def remove(self, claim_uid: str) -> bool:
+        path = self.path(claim_uid)
+        # Look first: unlink fails with EROFS on a read-only root even when there is nothing to remove.
+        if not os.path.lexists(path):
+            return False
         try:
-            self.path(claim_uid).unlink()
+            path.unlink()
         except FileNotFoundError:
             return False
         return True
 
+    def _prefix(self) -> str:
+        return f"{vendor(self.driver)}-{CDI_CLASS}_"
+
     def claim_uids(self) -> set[str]:
         """Claims that have a spec file here (ours only)."""
-        prefix = f"{vendor(self.driver)}-{CDI_CLASS}_"
+        prefix = self._prefix()
         if not self.root.is_dir():
             return set()
         return {p.name[len(prefix) : -len(".json")] for p in self.root.glob(f"{prefix}*.json")}
+
+    def stale_temp_files(self) -> list[Path]:
+        """Temp files of ours that a crash in the middle of a write left behind."""
+        if not self.root.is_dir():
+            return []
+        return sorted(self.root.glob(f".{self._prefix()}*.json.tmp"))

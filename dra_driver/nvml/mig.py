@@ -2,19 +2,20 @@
 
 A MIG device here is one GPU instance at a given placement plus one compute instance spanning it. Every
 step tolerates the half-finished states a crash can leave (a GPU instance without its compute instance,
-an instance already destroyed by an earlier, interrupted cleanup).
+an instance already destroyed by an earlier, interrupted cleanup). NVML reuses GPU instance ids, so a recorded
+device is only ever destroyed after checking that it is still the same device (:func:`find_mig_device`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pynvml
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from dra_driver.nvml.api import Handle, NvmlLibrary, as_text, describe, error_code, error_name
 from dra_driver.nvml.migprofile import COMPUTE_INSTANCE_ENUM_BY_SLICES
@@ -35,6 +36,8 @@ class MigError(RuntimeError):
 class LiveMig(BaseModel):
     """A MIG device that exists: enough to find it again and to destroy it."""
 
+    model_config = ConfigDict(extra="allow")  # kept in the checkpoint: preserve what a newer driver added
+
     parent_uuid: str
     parent_minor: int
     profile_id: int
@@ -50,7 +53,29 @@ class GpuInstanceView:
     profile_id: int
     start: int
     size: int
-    ci_ids: tuple[int, ...]
+    compute: tuple[tuple[int, str], ...]  # (compute instance id, MIG device UUID)
+
+    @property
+    def ci_ids(self) -> tuple[int, ...]:
+        return tuple(ci for ci, _ in self.compute)
+
+    @property
+    def mig_uuids(self) -> frozenset[str]:
+        return frozenset(uuid for _, uuid in self.compute)
+
+    def is_device(self, mig: LiveMig) -> bool:
+        """True when this GPU instance is the recorded device `mig`, not another one that got its reused id.
+
+        A GPU instance without compute instance (a crash between destroying the two, or between creating them)
+        has no UUID to compare; it counts as `mig` when id, profile and placement match, because the driver never
+        lets a second claim hold a placement that a recorded device still occupies.
+        """
+        return (
+            self.gi_id == mig.gi_id
+            and self.profile_id == mig.profile_id
+            and self.start == mig.placement_start
+            and (not self.compute or mig.uuid in self.mig_uuids)
+        )
 
 
 def _nvml(what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -79,14 +104,15 @@ def list_gpu_instances(lib: NvmlLibrary, parent: Handle, profile_ids: list[int])
                     info.profileId,
                     info.placement.start,
                     info.placement.size,
-                    tuple(_compute_instance_ids(lib, array[i])),
+                    tuple(_compute_instances(lib, array[i])),
                 )
             )
     return sorted(found, key=lambda v: (v.start, v.gi_id))
 
 
-def _compute_instance_ids(lib: NvmlLibrary, gi: Handle) -> list[int]:
-    ids: list[int] = []
+def _compute_instances(lib: NvmlLibrary, gi: Handle) -> list[tuple[int, str]]:
+    """(id, MIG device UUID) of every compute instance of the GPU instance."""
+    found: list[tuple[int, str]] = []
     for enum in COMPUTE_INSTANCE_ENUM_BY_SLICES.values():
         try:
             ci_profile = lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, enum, _SHARED)
@@ -100,8 +126,10 @@ def _compute_instance_ids(lib: NvmlLibrary, gi: Handle) -> list[int]:
             continue
         array = (pynvml.c_nvmlComputeInstance_t * count.value)()
         lib.nvmlGpuInstanceGetComputeInstances(gi, ci_profile.id, array, ctypes.byref(count))
-        ids += [lib.nvmlComputeInstanceGetInfo(array[i]).id for i in range(count.value)]
-    return sorted(ids)
+        for i in range(count.value):
+            info = lib.nvmlComputeInstanceGetInfo(array[i])
+            found.append((info.id, as_text(lib.nvmlDeviceGetUUID(info.device))))
+    return sorted(found)
 
 
 def mig_enabled(lib: NvmlLibrary, parent: Handle) -> bool:
@@ -168,7 +196,7 @@ def destroy_gpu_instance(lib: NvmlLibrary, parent: Handle, gi_id: int, where: st
         if error_code(e) in (*_GONE, pynvml.NVML_ERROR_NOT_SUPPORTED):  # NOT_SUPPORTED: MIG already off
             return False
         raise MigError(f"look up {where}: {describe(e)}", error_code(e)) from e
-    for ci_id in _compute_instance_ids(lib, gi):
+    for ci_id, _ in _compute_instances(lib, gi):
         try:
             lib.nvmlComputeInstanceDestroy(lib.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id))
         except pynvml.NVMLError as e:
@@ -183,8 +211,29 @@ def destroy_gpu_instance(lib: NvmlLibrary, parent: Handle, gi_id: int, where: st
     return True
 
 
-def destroy_at(lib: NvmlLibrary, parent_uuid: str, profile_id: int, start: int) -> bool:
-    """Destroy the GPU instance of `profile_id` at `start` (and its compute instances), if it exists.
+def find_mig_device(lib: NvmlLibrary, mig: LiveMig) -> GpuInstanceView | None:
+    """The GPU instance of the recorded device `mig` if that device still exists (see GpuInstanceView.is_device)."""
+    parent = _nvml(f"GPU {mig.parent_uuid}", lib.nvmlDeviceGetHandleByUUID, mig.parent_uuid)
+    if not mig_enabled(lib, parent):
+        return None
+    for view in list_gpu_instances(lib, parent, [mig.profile_id]):
+        if view.is_device(mig):
+            return view
+    return None
+
+
+def destroy_mig_device(lib: NvmlLibrary, mig: LiveMig, where: str) -> bool:
+    """Destroy the recorded device `mig` if it still exists as that device; False if it is gone (a GPU instance
+    that reuses its id belongs to someone else and is left alone)."""
+    if find_mig_device(lib, mig) is None:
+        return False
+    parent = _nvml(f"GPU {mig.parent_uuid}", lib.nvmlDeviceGetHandleByUUID, mig.parent_uuid)
+    return destroy_gpu_instance(lib, parent, mig.gi_id, where)
+
+
+def destroy_at(lib: NvmlLibrary, parent_uuid: str, profile_id: int, start: int, keep: Collection[str] = ()) -> bool:
+    """Destroy the GPU instance of `profile_id` at `start` (and its compute instances), if it exists and none
+    of its MIG devices is in `keep` (UUIDs that other claims recorded).
 
     Works from the device name alone: used for rollback, when the instance ids may never have been recorded.
     """
@@ -192,7 +241,7 @@ def destroy_at(lib: NvmlLibrary, parent_uuid: str, profile_id: int, start: int) 
     if not mig_enabled(lib, parent):
         return False
     for view in list_gpu_instances(lib, parent, [profile_id]):
-        if view.start == start:
+        if view.start == start and not view.mig_uuids & set(keep):
             return destroy_gpu_instance(lib, parent, view.gi_id, f"GPU instance {view.gi_id} on {parent_uuid}")
     return False
 

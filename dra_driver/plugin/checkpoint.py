@@ -1,9 +1,13 @@
-"""The plugin's record of what it prepared: two-phase per claim, with the node's boot id and a checksum.
+"""The plugin's record of what it prepared: a state per claim, with the node's boot id and a checksum.
 
-Written atomically (temp file, fsync, rename, fsync of the directory). The checksum covers the stored JSON
-as written, not a re-encoding of it, so a newer version adding fields never makes an older file look corrupt.
-Decoding is lenient (unknown fields are ignored, new fields have defaults); a file that fails its checksum or
-does not parse is reported and left untouched, never silently replaced.
+A claim goes PrepareStarted -> PrepareCompleted -> UnprepareStarted -> (dropped); a failed prepare goes
+PrepareStarted -> UnprepareStarted -> (dropped). Each device records the MIG device it carved (with its UUID, so
+that a reused GPU instance id is never mistaken for it) and, once torn down, `released`.
+
+Written atomically (temp file, fsync, rename, fsync of the directory), readable by root only. The checksum covers
+the stored JSON as written, not a re-encoding of it. Fields this version does not know are kept and written back
+unchanged; a file of a newer format version is refused, never rewritten in an older one. A file that fails its
+checksum or does not parse is reported and left untouched, never silently replaced.
 """
 
 from __future__ import annotations
@@ -22,20 +26,27 @@ from dra_driver.nvml.mig import LiveMig
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 1
+# 2: UnprepareStarted and `released`. Version 1 files read as they are (their states mean the same).
+CHECKPOINT_VERSION = 2
+FILE_MODE = 0o600  # claim names, namespaces and device ids are nobody else's business
 
 
 class CheckpointCorruptError(RuntimeError):
     pass
 
 
+class CheckpointVersionError(CheckpointCorruptError):
+    """The file was written by a newer driver in a format this one does not know."""
+
+
 class ClaimState(StrEnum):
     PREPARE_STARTED = "PrepareStarted"
     PREPARE_COMPLETED = "PrepareCompleted"
+    UNPREPARE_STARTED = "UnprepareStarted"  # being torn down: never answered as prepared again
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # keep what a newer driver of the same format version wrote
 
 
 class CheckpointedDevice(_Lenient):
@@ -47,6 +58,7 @@ class CheckpointedDevice(_Lenient):
     share_id: str | None = None  # the allocation's shareID, for devices several claims hold at once
     mig: LiveMig | None = None  # set once the MIG device exists
     sharing: dict[str, Any] | None = None  # sharing settings applied (or being applied): dra_driver.sharing
+    released: bool = False  # torn down (MIG device destroyed, sharing undone): it holds nothing on the node
 
 
 class ClaimEntry(_Lenient):
@@ -83,11 +95,19 @@ class Checkpoint:
         if not self.path.exists():
             return CheckpointData(boot_id=self.boot_id)
         raw = self.path.read_bytes()
+        if self.path.stat().st_mode & 0o077:  # written by an older driver, world-readable
+            os.chmod(self.path, FILE_MODE)
         try:
             doc = json.loads(raw)
-            stored, data = doc["checksum"], doc["data"]
-        except (ValueError, KeyError, TypeError) as e:
+            stored, data, version = doc["checksum"], doc["data"], doc.get("version", 1)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointCorruptError(f"checkpoint {self.path} is not a valid checkpoint file: {e}") from e
+        if not isinstance(version, int) or version > CHECKPOINT_VERSION:
+            raise CheckpointVersionError(
+                f"checkpoint {self.path} has format version {version!r}, written by a newer driver; this driver "
+                f"understands versions up to {CHECKPOINT_VERSION} and leaves it untouched: run the newer driver, "
+                "or unprepare every claim with it before downgrading"
+            )
         if _checksum(data) != stored:
             raise CheckpointCorruptError(
                 f"checkpoint {self.path} fails its checksum (stored {stored[:12]}, computed {_checksum(data)[:12]}); "
@@ -113,11 +133,17 @@ class Checkpoint:
         doc = {"version": CHECKPOINT_VERSION, "checksum": _checksum(data), "data": data}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            with open(fd, "w") as f:
+                os.fchmod(f.fileno(), FILE_MODE)  # a leftover temp file may have had another mode
+                json.dump(doc, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not leave the partial file behind
+            raise
         fd = os.open(self.path.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
