@@ -191,7 +191,7 @@ def test_api_server_down_is_a_per_claim_error(node: Node, monkeypatch) -> None:
     node.add(c)
     d = node.driver()
 
-    def down(namespace: str, name: str):  # type: ignore[no-untyped-def]
+    def down(namespace: str, name: str, **kwargs):  # type: ignore[no-untyped-def]
         raise ConnectionRefusedError("connection refused")
 
     monkeypatch.setattr(node.source, "get_claim", down)
@@ -390,3 +390,23 @@ def test_ampere_partitions_on_a_mig_enabled_a100(tmp_path: Path) -> None:
     assert d.prepare([ref(whole_ampere)])[whole_ampere["metadata"]["uid"]].error == ""
     d.unprepare([ref(c)])
     assert node.sim.store.read().gpus[0].mig_current == 1  # Ampere: MIG stays on (switching needs a reset)
+
+
+def test_an_nvml_error_of_one_claim_fails_only_that_claim(node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    done, lost, good = claim(["gpu-2"]), claim(["gpu-3"]), claim(["gpu-4"])
+    node.add(done, lost, good)
+    d = node.driver()
+    assert d.prepare([ref(done)])[done["metadata"]["uid"]].error == ""
+    node.sim.set_gpu_lost(d.inventory.gpu_by_minor(3).index)  # every NVML call on it: NVMLError_GpuIsLost
+    with caplog.at_level("WARNING", logger=driver_module.__name__):
+        got = d.prepare([ref(done), ref(lost), ref(good)])
+    assert got[done["metadata"]["uid"]].error == "" and got[done["metadata"]["uid"]].devices
+    assert got[good["metadata"]["uid"]].error == "" and [x.device for x in got[good["metadata"]["uid"]].devices] == [
+        "gpu-4"
+    ]
+    error = got[lost["metadata"]["uid"]].error
+    assert "NVMLError" in error and "GPU is lost" in error, error
+    (record,) = [r for r in caplog.records if lost["metadata"]["uid"] in r.getMessage()]
+    assert record.levelname in ("WARNING", "ERROR") and record.exc_info is not None  # with the traceback
+    assert lost["metadata"]["uid"] not in d.checkpoint.claims  # rolled back
+    assert set(d.checkpoint.claims) == {done["metadata"]["uid"], good["metadata"]["uid"]}

@@ -251,8 +251,8 @@ def test_mps_on_a_mig_device_and_per_request_configs(node: Node, runner: Simulat
     ("configs", "message"),
     [
         ([mps(50, requests=["r0"]), mps(60, requests=["r1"])], "need the same defaultActiveThreadPercentage"),
-        ([mps(pinned="lots")], "defaultPinnedDeviceMemoryLimit 'lots'"),
-        ([mps(pinned="1Ki")], "must be at least 1Mi"),
+        ([mps(pinned="lots")], "defaultPinnedDeviceMemoryLimit: 'lots'"),
+        ([mps(pinned="1Ki")], "'1Ki' is out of range (allowed: 1Mi to 1Ti)"),
     ],
 )
 def test_mps_settings_that_cannot_be_applied_are_refused_before_any_change(
@@ -263,6 +263,64 @@ def test_mps_settings_that_cannot_be_applied_are_refused_before_any_change(
     d = start(node, runner)
     assert message in d.prepare([ref(c)])[uid(c)].error
     assert runner.calls == []
+    assert_nothing_left(node, d, runner)
+
+
+def _mps_raw(**mps_config: Any) -> dict[str, Any]:
+    return cfg({"strategy": "MPS", "mpsConfig": mps_config}, requests=["r1"])
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (_mps_raw(defaultPinnedDeviceMemoryLimit="1e30"), ["defaultPinnedDeviceMemoryLimit", "'1e30'", "1Mi", "1Ti"]),
+        (_mps_raw(defaultPinnedDeviceMemoryLimit="2Ti"), ["defaultPinnedDeviceMemoryLimit", "'2Ti'", "1Mi", "1Ti"]),
+        (_mps_raw(defaultPinnedDeviceMemoryLimit="-1Gi"), ["defaultPinnedDeviceMemoryLimit", "'-1Gi'", "1Ti"]),
+        (_mps_raw(defaultPinnedDeviceMemoryLimit="1Ki"), ["defaultPinnedDeviceMemoryLimit", "'1Ki'", "1Mi"]),
+        # an exponent this large takes minutes and gigabytes to evaluate exactly: refused before evaluating
+        (_mps_raw(defaultPinnedDeviceMemoryLimit="1e999999999"), ["defaultPinnedDeviceMemoryLimit", "1Ti"]),
+        (_mps_raw(defaultPinnedDeviceMemoryLimit="1" * 100 + "Mi"), ["defaultPinnedDeviceMemoryLimit", "1Ti"]),
+        (
+            _mps_raw(defaultActiveThreadPercentage=0),
+            ["defaultActiveThreadPercentage", "0 is out of range", "from 1 to 100"],
+        ),
+        (_mps_raw(defaultActiveThreadPercentage=101), ["defaultActiveThreadPercentage", "101", "from 1 to 100"]),
+        (_mps_raw(defaultActiveThreadPercentage=-5), ["defaultActiveThreadPercentage", "-5", "from 1 to 100"]),
+        (_mps_raw(defaultActiveThreadPercentage=1e30), ["defaultActiveThreadPercentage", "1e+30", "from 1 to 100"]),
+        (_mps_raw(defaultActiveThreadPercentage=50.5), ["defaultActiveThreadPercentage", "50.5", "from 1 to 100"]),
+        # not numbers: JSON's true and "50" are not integers (NVIDIA's Go types refuse them too)
+        (_mps_raw(defaultActiveThreadPercentage=True), ["defaultActiveThreadPercentage", "True", "from 1 to 100"]),
+        (_mps_raw(defaultActiveThreadPercentage="50"), ["defaultActiveThreadPercentage", "'50'", "from 1 to 100"]),
+        (
+            cfg({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": 3}}, requests=["r1"]),
+            ["timeSlicingConfig.interval", "'Default', 'Short', 'Medium' or 'Long'", "got 3"],
+        ),
+    ],
+)
+def test_out_of_range_numbers_in_the_config_fail_the_claim_and_change_nothing(
+    node: Node, runner: SimulatedRunner, config: dict[str, Any], words: list[str]
+) -> None:
+    # r0 has a valid setting that must not be applied either: the claim fails as a whole, before any change
+    c = claim(["gpu-0", "gpu-1"], config=[time_slicing("Long", requests=["r0"]), config])
+    node.add(c)
+    d = start(node, runner)
+    error = d.prepare([ref(c)])[uid(c)].error
+    assert error and all(w in error for w in words), error
+    assert runner.calls == []
+    assert_nothing_left(node, d, runner)
+
+
+def test_pinned_limits_at_the_bounds_are_sent_to_mps(node: Node, runner: SimulatedRunner) -> None:
+    c = claim(["gpu-0", "gpu-1"], config=[mps(pinned="1Mi", requests=["r0"]), mps(pinned="1Ti", requests=["r1"])])
+    node.add(c)
+    d = start(node, runner)
+    assert d.prepare([ref(c)])[uid(c)].error == ""
+    (daemon,) = runner.daemons().values()
+    assert daemon["commands"] == [
+        "set_default_device_pinned_mem_limit 0 1M",
+        "set_default_device_pinned_mem_limit 1 1048576M",
+    ]
+    assert d.unprepare([ref(c)]) == {uid(c): ""}
     assert_nothing_left(node, d, runner)
 
 

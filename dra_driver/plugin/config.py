@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import re
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
+from dra_driver.cel.quantity import QuantityError, parse_quantity
 from dra_driver.plugin.claims import AllocatedConfig
 from dra_driver.slices.attributes import TYPE_GPU, TYPE_MIG
 
@@ -17,6 +29,36 @@ class ConfigError(ValueError):
     pass
 
 
+# MPS takes pinned limits in whole MiB, and no GPU has more than 1 TiB of memory: anything outside would only
+# reach nvidia-cuda-mps-control as a nonsense number
+PINNED_LIMIT_MIN_MIB: Final = 1
+PINNED_LIMIT_MAX_MIB: Final = 1024 * 1024
+_PINNED_RANGE: Final = "allowed: 1Mi to 1Ti"
+_QUANTITY_MAX_LENGTH: Final = 64
+# Within 64 characters, a non-zero mantissa is between 1e-63 and 1e64, so a decimal exponent beyond +-100 is out
+# of range whatever the digits; refused before parse_quantity evaluates 10**exponent exactly (minutes for 1e999999999)
+_EXPONENT: Final = re.compile(r"[eE]([-+]?[0-9]+)$")
+_EXPONENT_MAX: Final = 100
+
+
+def pinned_limit_mib(text: str) -> int:
+    """`defaultPinnedDeviceMemoryLimit` (a quantity) in whole MiB, as MPS takes it (`<n>M`); ConfigError
+    unless it is from 1Mi to 1Ti."""
+    if len(text) > _QUANTITY_MAX_LENGTH:
+        raise ConfigError(f"{_shown(text)} is longer than {_QUANTITY_MAX_LENGTH} characters ({_PINNED_RANGE})")
+    exponent = _EXPONENT.search(text)
+    if exponent is not None and abs(int(exponent.group(1))) > _EXPONENT_MAX:
+        raise ConfigError(f"{text!r} is out of range ({_PINNED_RANGE})")
+    try:
+        value = parse_quantity(text)
+    except QuantityError as e:
+        raise ConfigError(f"{text!r}: {e}") from None
+    mib = value / (1024 * 1024)
+    if not PINNED_LIMIT_MIN_MIB <= mib <= PINNED_LIMIT_MAX_MIB:
+        raise ConfigError(f"{text!r} is out of range ({_PINNED_RANGE})")
+    return int(mib)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
@@ -26,10 +68,28 @@ class TimeSlicingConfig(_Strict):
 
 
 class MpsConfig(_Strict):
+    # NVIDIA's driver takes 0 to 100, but 0 leaves MPS clients no threads to run on; strict: JSON true or "50"
+    # are no percentages (nor are they Go ints)
     default_active_thread_percentage: int | None = Field(
-        default=None, alias="defaultActiveThreadPercentage", ge=1, le=100
+        default=None, alias="defaultActiveThreadPercentage", strict=True, ge=1, le=100
     )
     default_pinned_device_memory_limit: str | None = Field(default=None, alias="defaultPinnedDeviceMemoryLimit")
+
+    @field_validator("default_active_thread_percentage", mode="wrap")
+    @classmethod
+    def _percentage_in_range(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> int | None:
+        try:
+            result: int | None = handler(value)  # the Field constraints above
+        except ValidationError:
+            raise ValueError(f"{_shown(value)} is out of range (allowed: an integer from 1 to 100)") from None
+        return result
+
+    @field_validator("default_pinned_device_memory_limit")
+    @classmethod
+    def _pinned_limit_in_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            pinned_limit_mib(value)
+        return value
 
 
 class Sharing(_Strict):
@@ -76,8 +136,23 @@ def decode(parameters: dict[str, Any]) -> GpuConfig | MigDeviceConfig:
         return _ADAPTER.validate_python(parameters)
     except ValidationError as e:
         # loc starts with the discriminator value (the kind), already named in the message
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'][1:])) or '<root>'}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'][1:])) or '<root>'}: {_problem(err)}" for err in e.errors())
         raise ConfigError(f"invalid {parameters.get('kind', 'config')}: {problems}") from None
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short: it comes from a user's claim."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _problem(err: ErrorDetails) -> str:
+    """One validation error: our validators' own message (it names the value), else pydantic's and the value."""
+    if err["type"] == "value_error" and "ctx" in err:
+        return str(err["ctx"]["error"])
+    if err["type"] in ("missing", "extra_forbidden") or isinstance(err["input"], dict):
+        return err["msg"]
+    return f"{err['msg']} (got {_shown(err['input'])})"
 
 
 def resolve(

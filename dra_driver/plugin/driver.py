@@ -3,17 +3,22 @@
 Order of a prepare, chosen so that a crash at any step leaves nothing that the next start cannot find and
 undo: validate everything (no change yet) -> checkpoint PrepareStarted -> carve MIG devices, recording each
 in the checkpoint as soon as it exists -> apply sharing (time-slicing, MPS; recorded before and after) -> write
-the CDI spec -> checkpoint PrepareCompleted. Unprepare and
-startup recovery walk the same steps backwards. Device changes are serialised by an in-process lock and a
-node-wide file lock (`<plugin dir>/pu.lock`), so two plugin processes (a rolling update) exclude each other;
-reading claims from the API server happens outside the lock, in parallel.
+the CDI spec -> checkpoint PrepareCompleted. Unprepare, a failed prepare and start-up recovery walk the same steps
+backwards from UnprepareStarted, destroying a MIG device only after checking it is still the one recorded (GPU
+instance ids are reused). A PrepareCompleted claim whose MIG device or CDI spec is gone is undone and prepared
+again, never answered as prepared. Each step is a named crash point (`crashpoints`) for the kill tests.
+Device changes are serialised by an in-process lock and a node-wide file lock (`<plugin dir>/pu.lock`, 0600), so
+two plugin processes (a rolling update) exclude each other; reading claims from the API server happens outside
+the lock, in parallel.
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,17 +36,19 @@ from dra_driver.nvml.mig import (
     create_mig_device,
     destroy_at,
     destroy_gpu_instance,
+    destroy_mig_device,
     disable_mig_if_unused,
+    find_mig_device,
     list_gpu_instances,
     mig_enabled,
 )
-from dra_driver.plugin import features
+from dra_driver.plugin import crashpoints, features
 from dra_driver.plugin.catalog import CatalogEntry, build_catalog, conflicts
 from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
-from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim
+from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
 from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
-from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
+from dra_driver.plugin.types import DEADLINE_MARGIN_S, ClaimRef, PreparedDevice, PrepareResult
 from dra_driver.sharing import CommandRunner, SharingError, SharingManager, Target, default_runner, with_edits
 from dra_driver.slices.devices import PublishMode
 
@@ -50,6 +57,31 @@ log = logging.getLogger(__name__)
 
 class PrepareError(RuntimeError):
     """A claim cannot be prepared; nothing was changed for it."""
+
+
+class LockTimeout(PrepareError):
+    """The node's device lock could not be had before the caller's deadline; nothing was changed."""
+
+
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic() - DEADLINE_MARGIN_S
+
+
+def _flock(fd: int, deadline: float | None) -> None:
+    """Exclusive flock, polled so that the wait ends at `deadline` (another process may hold it for long)."""
+    if deadline is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if _left(deadline) <= 0:
+                raise LockTimeout(
+                    "deadline exceeded waiting for the node's device lock (held by another plugin process)"
+                ) from None
+            time.sleep(0.01)
 
 
 @dataclass(frozen=True)
@@ -113,23 +145,34 @@ class Driver:
         return changed
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock, open(self._lock_path, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+    def _locked(self, deadline: float | None = None) -> Iterator[None]:
+        """Both device locks; with a `deadline` (time.monotonic()), LockTimeout instead of waiting past it."""
+        # 0600: anyone who can open the lock file can take it and stall every prepare on the node.
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        with open(fd, "r+") as f:
+            os.fchmod(f.fileno(), 0o600)  # an older driver created it 0644
+            if not self._thread_lock.acquire(timeout=-1 if deadline is None else max(0.0, _left(deadline))):
+                raise LockTimeout("deadline exceeded waiting for another prepare or unprepare on this node")
             try:
-                # Another process (the other pod of a rolling update) may have changed the checkpoint.
-                if hasattr(self, "checkpoint"):
-                    self.checkpoint = Checkpoint(self.checkpoint.path, self._boot_id)
-                yield
+                _flock(f.fileno(), deadline)
+                try:
+                    # Another process (the other pod of a rolling update) may have changed the checkpoint.
+                    if hasattr(self, "checkpoint"):
+                        self.checkpoint = Checkpoint(self.checkpoint.path, self._boot_id)
+                    yield
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                self._thread_lock.release()
 
     # ----- prepare ----------------------------------------------------------------------------------------
-    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+    def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
+        """`deadline`: when the caller (the kubelet) gives up, a time.monotonic() value; a claim that cannot be
+        read or prepared before then gets an error instead (the kubelet retries it)."""
         fetched: dict[str, ResourceClaim | str] = {}
         classes: dict[str, DeviceClass | str] = {}
         for ref in claims:  # API reads outside the device lock
-            fetched[ref.uid] = self._fetch(ref, classes)
+            fetched[ref.uid] = self._fetch(ref, classes, deadline)
         out: dict[str, PrepareResult] = {}
         for ref in claims:
             got = fetched[ref.uid]
@@ -137,17 +180,31 @@ class Driver:
                 out[ref.uid] = PrepareResult(error=got)
                 continue
             try:
-                with self._locked():
+                with self._locked(deadline):
+                    if read_timeout(deadline) <= 0:  # the wait for the lock used up the time: the answer would be late
+                        out[ref.uid] = PrepareResult(
+                            error=f"deadline exceeded before claim {ref.namespace}/{ref.name} could be prepared; "
+                            "nothing was changed"
+                        )
+                        continue
                     out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, got, classes))
             except (PrepareError, ConfigError, MigError, DevNodeError, SharingError, OSError) as e:
                 log.warning("prepare %s/%s (%s) failed: %s", ref.namespace, ref.name, ref.uid, e)
                 out[ref.uid] = PrepareResult(error=str(e))
+            except Exception as e:  # anything else (an NVML error of a lost GPU, a bug): this claim's error only
+                log.error("prepare %s/%s (%s) failed", ref.namespace, ref.name, ref.uid, exc_info=True)
+                out[ref.uid] = PrepareResult(error=f"{type(e).__name__}: {e}")
         return out
 
-    def _fetch(self, ref: ClaimRef, classes: dict[str, DeviceClass | str]) -> ResourceClaim | str:
+    def _fetch(
+        self, ref: ClaimRef, classes: dict[str, DeviceClass | str], deadline: float | None = None
+    ) -> ResourceClaim | str:
+        timeout = read_timeout(deadline)
+        if timeout <= 0:
+            return f"deadline exceeded before claim {ref.namespace}/{ref.name} could be read from the API server"
         try:
-            claim = self.claims.get_claim(ref.namespace, ref.name)
-        except Exception as e:  # the API server is down, the claim is gone, ...
+            claim = self.claims.get_claim(ref.namespace, ref.name, timeout=timeout)
+        except Exception as e:  # the API server is down or too slow, the claim is gone, ...
             return f"retrieve claim {ref.namespace}/{ref.name}: {e}"
         if claim.metadata.uid != ref.uid:
             return f"claim {ref.namespace}/{ref.name} got replaced (uid {claim.metadata.uid}, expected {ref.uid})"
@@ -161,8 +218,11 @@ class Driver:
             except KeyError as e:
                 return str(e.args[0])
             if class_name not in classes:
+                timeout = read_timeout(deadline)
+                if timeout <= 0:
+                    return f"deadline exceeded before device class {class_name} could be read from the API server"
                 try:
-                    classes[class_name] = self.claims.get_device_class(class_name)
+                    classes[class_name] = self.claims.get_device_class(class_name, timeout=timeout)
                 except Exception as e:
                     classes[class_name] = f"retrieve device class {class_name}: {e}"
         return claim
@@ -172,11 +232,16 @@ class Driver:
     ) -> list[PreparedDevice]:
         existing = self.checkpoint.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
-            return self._answer(existing)  # idempotent: same answer, no work
+            lost = self._lost(existing)
+            if lost is None:
+                return self._answer(existing)  # idempotent: same answer, no work
+            log.warning("claim %s was prepared, but %s: preparing it again", ref.uid, lost)
         if existing is not None:
-            log.info("claim %s was half prepared before; rolling it back first", ref.uid)
-            self._rollback(existing)
+            log.info("claim %s is not (or no longer) fully prepared; undoing what is left first", ref.uid)
+            self._teardown(existing)
         planned = self._plan(claim, classes)  # raises before anything changes
+        if not planned:  # allocated only to other drivers: nothing to record, no (empty, invalid) CDI spec
+            return []
         entry = ClaimEntry(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -195,6 +260,7 @@ class Driver:
             ],
         )
         self.checkpoint.put(entry)
+        crashpoints.reached("prepare.started-recorded")
         try:
             nodes: dict[str, list[CharDevice]] = {}
             uuids: list[str] = []
@@ -206,8 +272,10 @@ class Driver:
                     uuids.append(gpu.uuid)
                     continue
                 live = self._mig_for(p, ref.uid)
+                crashpoints.reached("prepare.mig-created")
                 record.mig = live
                 self.checkpoint.save()  # the instance exists: record it before anything else can fail
+                crashpoints.reached("prepare.mig-recorded")
                 nodes[record.device] = gpu_nodes(self.proc_root, gpu.minor) + mig_cap_nodes(
                     self.proc_root, gpu.minor, live.gi_id, live.ci_id
                 )
@@ -218,10 +286,19 @@ class Driver:
             ]
             edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save)  # recorded in the checkpoint
             self.cdi.write(ref.uid, with_edits(claim_spec(self.settings.driver, ref.uid, nodes, uuids), edits))
+            crashpoints.reached("prepare.cdi-written")
             entry.state = ClaimState.PREPARE_COMPLETED
             self.checkpoint.put(entry)
-        except Exception:
-            self._rollback(entry)
+            crashpoints.reached("prepare.completed-recorded")
+        except Exception as failure:
+            try:
+                self._teardown(entry)
+            except Exception as undo:
+                log.error("claim %s: undoing the failed prepare failed too: %s", ref.uid, undo)
+                raise PrepareError(
+                    f"{failure}; undoing the prepare failed too ({undo}); it is retried on the next prepare or "
+                    "unprepare of this claim"
+                ) from failure
             raise
         return self._answer(entry)
 
@@ -232,7 +309,7 @@ class Driver:
             (uid, self.catalog[d.device])
             for uid, e in self.checkpoint.claims.items()
             for d in e.devices
-            if not d.admin_access and d.device in self.catalog
+            if not d.admin_access and not d.released and d.device in self.catalog
         ]
         planned: list[_Planned] = []
         for result in allocation.results:
@@ -280,7 +357,7 @@ class Driver:
         if p.admin_access:  # admin access shares the partition another claim carved
             for e in self.checkpoint.claims.values():
                 for d in e.devices:
-                    if d.device == p.entry.device.name and d.mig is not None and e.uid != claim_uid:
+                    if d.device == p.entry.device.name and d.mig is not None and not d.released and e.uid != claim_uid:
                         return d.mig
             raise PrepareError(f"admin access to {p.entry.device.name}: no claim has carved that MIG device")
         return create_mig_device(
@@ -292,6 +369,15 @@ class Driver:
             p.entry.placement_start,
             profile.memory_slices,
         )
+
+    def _lost(self, entry: ClaimEntry) -> str | None:
+        """What a PrepareCompleted claim lost since (its MIG device destroyed, its CDI spec removed), or None."""
+        for d in entry.devices:
+            if d.mig is not None and not d.released and find_mig_device(self.lib, d.mig) is None:
+                return f"its MIG device {d.device} ({d.mig.uuid}) no longer exists"
+        if not self.cdi.path(entry.uid).exists():
+            return f"its CDI spec {self.cdi.path(entry.uid)} no longer exists"
+        return None
 
     def _ensure_whole_gpu(self, entry: CatalogEntry) -> None:
         """A whole GPU needs MIG off; on Hopper and later it is switched off if no instance is left."""
@@ -317,65 +403,128 @@ class Driver:
                 with self._locked():
                     entry = self.checkpoint.claims.get(ref.uid)
                     if entry is not None:  # unknown claim: nothing to do, success
-                        self._rollback(entry)
+                        self._teardown(entry)
                 out[ref.uid] = ""
-            except (MigError, SharingError, OSError) as e:
-                log.warning("unprepare %s (%s) failed: %s", ref.name, ref.uid, e)
-                out[ref.uid] = str(e)
+            except Exception as e:  # one claim's failure, whatever it is, stays that claim's
+                log.warning("unprepare %s (%s) failed: %s", ref.name, ref.uid, e, exc_info=True)
+                out[ref.uid] = f"unprepare {ref.namespace}/{ref.name}: {type(e).__name__}: {e}"
         return out
 
-    def _rollback(self, entry: ClaimEntry) -> None:
-        """Undo a claim, whatever step it reached: sharing (MPS daemon, time slices), MIG devices (CI, then GI),
-        CDI spec, checkpoint entry."""
+    def _teardown(self, entry: ClaimEntry) -> None:
+        """Undo a claim, whatever step it reached, recording each step: UnprepareStarted, then sharing (MPS
+        daemon, time slices), MIG devices (only if each is still the device recorded: ids are reused), `released`,
+        MIG mode, CDI spec, and last the checkpoint entry. Safe to repeat after a failure or a crash at any step."""
+        if entry.state is not ClaimState.UNPREPARE_STARTED:
+            entry.state = ClaimState.UNPREPARE_STARTED  # from here on it is never answered as prepared
+            self.checkpoint.put(entry)
+            crashpoints.reached("unprepare.started-recorded")
         self.sharing.undo(entry.uid, entry.devices)
-        touched: set[str] = set()
-        for d in entry.devices:
-            cat = self.catalog.get(d.device)
-            if d.admin_access or cat is None or cat.profile is None or cat.placement_start is None:
-                continue
-            if d.mig is not None:
-                handle = self.lib.nvmlDeviceGetHandleByUUID(d.mig.parent_uuid)
-                destroy_gpu_instance(self.lib, handle, d.mig.gi_id, f"MIG device {d.device}")
-            else:  # crashed before the ids were recorded: find it by profile and placement
-                destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start)
-            touched.add(cat.gpu.uuid)
-        for uuid in touched:
-            gpu = next(g for g in self.inventory.gpus if g.uuid == uuid)
-            disable_mig_if_unused(self.lib, uuid, [p.id for p in gpu.mig_profiles])
+        crashpoints.reached("unprepare.sharing-undone")
+        others = {
+            d.mig.uuid
+            for e in self.checkpoint.claims.values()
+            if e.uid != entry.uid
+            for d in e.devices
+            if d.mig is not None and not d.released
+        }
+        gpus: set[str] = set()
+        try:
+            for d in entry.devices:
+                cat = self.catalog.get(d.device)
+                if d.mig is not None:
+                    gpus.add(d.mig.parent_uuid)
+                elif cat is not None and cat.profile is not None:
+                    gpus.add(cat.gpu.uuid)
+                if d.released or d.admin_access:  # admin access never destroys the partition it shares
+                    d.released = True
+                    continue
+                if d.mig is not None:
+                    gone = not destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
+                elif cat is not None and cat.profile is not None and cat.placement_start is not None:
+                    # crashed before its ids were recorded: find it by profile and placement
+                    gone = not destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start, others)
+                else:
+                    gone = False  # a whole GPU: nothing to destroy
+                if not gone:
+                    crashpoints.reached("unprepare.mig-destroyed")
+                d.released = True
+        finally:
+            self.checkpoint.put(entry)
+        crashpoints.reached("unprepare.released-recorded")
+        for uuid in sorted(gpus):
+            self._restore_mig_mode(uuid)
+        if gpus:
+            crashpoints.reached("unprepare.mig-mode-restored")
         self.cdi.remove(entry.uid)
+        crashpoints.reached("unprepare.cdi-removed")
         self.checkpoint.drop(entry.uid)
+        crashpoints.reached("unprepare.dropped")
+
+    def _destroy_orphans(self, gpu_uuid: str, minor: int, profile_ids: list[int], recorded: list[LiveMig]) -> None:
+        handle = self.lib.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        if not mig_enabled(self.lib, handle):
+            return
+        for view in list_gpu_instances(self.lib, handle, profile_ids):
+            if any(m.parent_uuid == gpu_uuid and view.is_device(m) for m in recorded):
+                continue
+            log.warning("destroying MIG GPU instance %d on GPU %d: no prepared claim owns it", view.gi_id, minor)
+            destroy_gpu_instance(self.lib, handle, view.gi_id, f"GPU instance {view.gi_id}")
+            crashpoints.reached("recover.orphan-mig-destroyed")
+        # In this mode the driver turns MIG on when it carves: off again where no claim holds a partition, as an
+        # unprepare would (also after a crash between destroying the last instance and switching MIG off).
+        if not any(m.parent_uuid == gpu_uuid for m in recorded):
+            self._restore_mig_mode(gpu_uuid)
+
+    def _restore_mig_mode(self, gpu_uuid: str) -> None:
+        """MIG off again where the driver carved and no instance is left (Hopper and later)."""
+        gpu = self.inventory.gpu_by_uuid(gpu_uuid)
+        if gpu is not None and gpu.mig_profiles:
+            disable_mig_if_unused(self.lib, gpu_uuid, [p.id for p in gpu.mig_profiles])
 
     def _recover(self) -> None:
-        """At start: roll back half-prepared claims, destroy MIG devices no completed claim owns, remove CDI
-        specs no completed claim owns."""
-        for entry in [e for e in self.checkpoint.claims.values() if e.state is ClaimState.PREPARE_STARTED]:
-            log.warning(
-                "rolling back claim %s/%s (%s), interrupted while preparing", entry.namespace, entry.name, entry.uid
-            )
-            self._rollback(entry)
+        """At start: finish undoing claims that were being prepared or unprepared, and prepared claims that lost
+        a device; destroy MIG devices no claim owns (MIG off again where none is left); remove CDI specs no
+        prepared claim owns and temp files of interrupted writes."""
+        crashpoints.reached("recover.started")
+        for entry in list(self.checkpoint.claims.values()):
+            if entry.state is ClaimState.PREPARE_COMPLETED:
+                try:
+                    lost = self._lost(entry)
+                except Exception as e:  # e.g. its GPU fell off the bus: cannot tell, keep it
+                    log.error("checking prepared claim %s failed: %s", entry.uid, e)
+                    continue
+                if lost is None:
+                    continue
+                log.warning("claim %s/%s (%s) was prepared, but %s: undoing it", entry.namespace, entry.name,
+                            entry.uid, lost)  # fmt: skip
+            else:
+                log.warning("undoing claim %s/%s (%s), interrupted in %s", entry.namespace, entry.name, entry.uid,
+                            entry.state)  # fmt: skip
+            try:
+                self._teardown(entry)
+            except Exception as e:  # retried by the claim's next prepare or unprepare
+                log.error("undoing claim %s failed: %s", entry.uid, e)
+                continue
+            crashpoints.reached("recover.claim-torn-down")
         self.sharing.remove_orphans(set(self.checkpoint.claims))
-        owned = {
-            (d.mig.parent_uuid, d.mig.gi_id)
-            for e in self.checkpoint.claims.values()
-            for d in e.devices
-            if d.mig is not None
-        }
+        recorded = [
+            d.mig for e in self.checkpoint.claims.values() for d in e.devices if d.mig is not None and not d.released
+        ]
         for gpu in self.inventory.gpus:
-            if not gpu.mig_profiles:
-                continue
-            handle = self.lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            if not mig_enabled(self.lib, handle):
-                continue
-            for view in list_gpu_instances(self.lib, handle, [p.id for p in gpu.mig_profiles]):
-                if (gpu.uuid, view.gi_id) not in owned and self.settings.mode is PublishMode.PARTITIONABLE:
-                    log.warning(
-                        "destroying MIG GPU instance %d on GPU %d: no prepared claim owns it", view.gi_id, gpu.minor
-                    )
-                    destroy_gpu_instance(self.lib, handle, view.gi_id, f"GPU instance {view.gi_id}")
+            if gpu.mig_profiles and self.settings.mode is PublishMode.PARTITIONABLE:
+                try:
+                    self._destroy_orphans(gpu.uuid, gpu.minor, [p.id for p in gpu.mig_profiles], recorded)
+                except Exception as e:  # one broken GPU must not keep the plugin from starting
+                    log.error("looking for orphan MIG devices on GPU %d failed: %s", gpu.minor, e)
         completed = {e.uid for e in self.checkpoint.claims.values() if e.state is ClaimState.PREPARE_COMPLETED}
-        for uid in self.cdi.claim_uids() - completed:
+        pending = set(self.checkpoint.claims) - completed  # their teardown failed: it removes their spec later
+        for uid in self.cdi.claim_uids() - completed - pending:
             log.warning("removing CDI spec of claim %s: no prepared claim owns it", uid)
             self.cdi.remove(uid)
+            crashpoints.reached("recover.orphan-cdi-removed")
+        for tmp in self.cdi.stale_temp_files():
+            log.warning("removing %s, left by an interrupted write", tmp)
+            tmp.unlink(missing_ok=True)
 
 
 def _device_type(entry: CatalogEntry) -> str:

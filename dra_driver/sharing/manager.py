@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.cdi.spec import CdiSpec, ContainerEdits, Mount
-from dra_driver.cel.quantity import QuantityError, parse_quantity
+from dra_driver.plugin import crashpoints
 from dra_driver.plugin.checkpoint import CheckpointedDevice
-from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig
+from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, pinned_limit_mib
 from dra_driver.sharing.runner import CommandResult, CommandRunner
 
 log = logging.getLogger(__name__)
@@ -56,18 +56,6 @@ def _strategy(config: Config | None) -> str | None:
     return config.sharing.strategy if config is not None and config.sharing is not None else None
 
 
-def pinned_limit_mib(text: str) -> int:
-    """`defaultPinnedDeviceMemoryLimit` (a quantity) in whole MiB, as MPS takes it (`<n>M`)."""
-    try:
-        value = parse_quantity(text)
-    except QuantityError as e:
-        raise ConfigError(f"mpsConfig.defaultPinnedDeviceMemoryLimit {text!r}: {e}") from None
-    mib = int(value // (1024 * 1024))
-    if mib < 1:
-        raise ConfigError(f"mpsConfig.defaultPinnedDeviceMemoryLimit {text!r}: must be at least 1Mi")
-    return mib
-
-
 class SharingManager:
     def __init__(
         self,
@@ -93,9 +81,7 @@ class SharingManager:
         for name, config, admin in devices:
             if admin or config is None or config.sharing is None or config.sharing.strategy != "MPS":
                 continue
-            mps = config.sharing.mps_config
-            if mps is not None and mps.default_pinned_device_memory_limit is not None:
-                pinned_limit_mib(mps.default_pinned_device_memory_limit)
+            mps = config.sharing.mps_config  # numbers' ranges were checked when the config was decoded
             percentages.setdefault(mps.default_active_thread_percentage if mps else None, name)
         if len(percentages) > 1:
             raise ConfigError(
@@ -121,10 +107,12 @@ class SharingManager:
         for t in mps:
             t.record.sharing = {"strategy": "MPS", "dir": str(directory), "uuid": t.uuid, "applied": False}
         save()  # intents first: a crash from here on leaves records that rollback undoes
+        crashpoints.reached("prepare.sharing-intent-recorded")
         for t in slices:
             assert t.record.sharing is not None
             self._set_timeslice(t.uuid, int(t.record.sharing["interval"]))
         edits = self._start_mps(directory, mps) if mps else None
+        crashpoints.reached("prepare.sharing-applied")
         for t in slices + mps:
             assert t.record.sharing is not None
             t.record.sharing["applied"] = True
