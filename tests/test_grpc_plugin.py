@@ -8,7 +8,9 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -20,6 +22,7 @@ from dra_driver.plugin.grpc import PluginServer, health, protos
 from dra_driver.plugin.grpc.server import SUPPORTED_VERSIONS
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.kubelet_harness import KubeletHarness, RegistrationError
+from tests.polling import wait_until
 
 DRIVER = "gpu.nvidia.com"
 
@@ -123,12 +126,15 @@ def test_failed_registration_is_recorded_and_answered_with_an_error(server: Plug
     assert not server.wait_registered(timeout=0.1)
 
 
-def test_harness_rejects_a_missing_endpoint_and_tells_the_plugin(server: PluginServer, short_dir: Path) -> None:
-    server.dra_socket_path.unlink()
-    with pytest.raises(RegistrationError, match="does not exist"):
-        KubeletHarness(short_dir / "plugins_registry", DRIVER).register()
-    status = server.registration_status
-    assert status is not None and not status.plugin_registered and "does not exist" in status.error
+def test_harness_rejects_a_missing_endpoint_and_tells_the_plugin(preparer: FakePreparer, short_dir: Path) -> None:
+    # no socket watchdog: it would bind the deleted socket again
+    dirs = (short_dir / "plugins" / DRIVER, short_dir / "plugins_registry")
+    with PluginServer(preparer, DRIVER, *dirs, CollectorRegistry(), socket_check_interval_s=None) as server:
+        server.dra_socket_path.unlink()
+        with pytest.raises(RegistrationError, match="does not exist"):
+            KubeletHarness(short_dir / "plugins_registry", DRIVER).register()
+        status = server.registration_status
+        assert status is not None and not status.plugin_registered and "does not exist" in status.error
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
@@ -369,3 +375,132 @@ def test_stubs_are_generated_once_into_a_content_keyed_cache(tmp_path: Path, mon
     with (changed / protos.DRA_V1_PROTO).open("a") as f:
         f.write("\n// changed\n")
     assert protos.generate(changed) != first
+
+
+def _serving(path: Path) -> bool:
+    with grpc.insecure_channel(f"unix:{path}") as channel:
+        return health.check(channel, timeout=2) == health.SERVING
+
+
+def test_a_stopping_instance_leaves_the_sockets_of_the_one_that_replaced_it(short_dir: Path) -> None:
+    # a rolling update with surge: the new pod binds the same paths while the old one still runs
+    old, new = FakePreparer(), FakePreparer()
+    new.prepare_results = {"uid-1": PrepareResult(devices=[gpu(1)])}
+    dirs = (short_dir / "plugins" / DRIVER, short_dir / "plugins_registry")
+    a = PluginServer(old, DRIVER, *dirs, CollectorRegistry(), grace_period_s=0)
+    b = PluginServer(new, DRIVER, *dirs, CollectorRegistry(), grace_period_s=0)
+    a.start()
+    try:
+        b.start()
+        try:
+            a.stop()
+            for path in (b.dra_socket_path, b.registration_socket_path):
+                assert stat.S_ISSOCK(path.lstat().st_mode) and _serving(path)
+            with KubeletHarness(dirs[1], DRIVER) as kubelet:
+                kubelet.register()
+                assert kubelet.prepare([claim(1)]) == {"uid-1": PrepareResult(devices=[gpu(1)])}
+            assert old.prepared == [] and new.prepared == [[claim(1)]]
+            assert b.wait_registered(timeout=1)
+        finally:
+            b.stop(grace=0)
+    finally:
+        a.stop(grace=0)
+    assert not b.dra_socket_path.exists() and not b.registration_socket_path.exists()  # its own: removed
+
+
+def test_deleted_sockets_are_served_again(preparer: FakePreparer, short_dir: Path) -> None:
+    preparer.prepare_results = {"uid-1": PrepareResult(devices=[gpu(1)])}
+    registry_dir = short_dir / "plugins_registry"
+    srv = PluginServer(
+        preparer, DRIVER, short_dir / "plugins" / DRIVER, registry_dir, CollectorRegistry(), socket_check_interval_s=0.1
+    )
+    with srv, KubeletHarness(registry_dir, DRIVER) as kubelet:
+        kubelet.register()
+        srv.dra_socket_path.unlink()
+        srv.registration_socket_path.unlink()
+        for path in (srv.dra_socket_path, srv.registration_socket_path):
+            wait_until(f"{path} is served again", lambda p=path: p.exists() and _serving(p), timeout=10)
+        with KubeletHarness(registry_dir, DRIVER) as again:  # what the kubelet does when the socket reappears
+            again.register()
+            assert again.prepare([claim(1)]) == {"uid-1": PrepareResult(devices=[gpu(1)])}
+        assert kubelet.unprepare([claim(1)]) == {"uid-1": ""}  # its connection to the old socket: reconnected
+    assert not srv.dra_socket_path.exists() and not srv.registration_socket_path.exists()
+
+
+def test_the_watchdog_leaves_sockets_another_instance_took_over(short_dir: Path) -> None:
+    dirs = (short_dir / "plugins" / DRIVER, short_dir / "plugins_registry")
+    a = PluginServer(FakePreparer(), DRIVER, *dirs, CollectorRegistry(), grace_period_s=0, socket_check_interval_s=0.05)
+    b = PluginServer(FakePreparer(), DRIVER, *dirs, CollectorRegistry(), grace_period_s=0, socket_check_interval_s=None)
+    with a, b:
+        ids = {p: (p.lstat().st_dev, p.lstat().st_ino) for p in (b.dra_socket_path, b.registration_socket_path)}
+        time.sleep(0.5)  # ten checks of `a`
+        assert {p: (p.lstat().st_dev, p.lstat().st_ino) for p in ids} == ids
+
+
+def _probe(short_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    from dra_driver import cli
+
+    argv = ["probe", f"--driver={DRIVER}", f"--plugin-dir={short_dir / 'plugins' / DRIVER}"]
+    code = cli.main([*argv, f"--registry-dir={short_dir / 'plugins_registry'}", "--timeout=2", *extra])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_probe_passes_against_a_serving_plugin(server: PluginServer, short_dir: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out = _probe(short_dir, capsys)
+    assert code == 0, out
+    assert str(server.dra_socket_path) in out and str(server.registration_socket_path) in out
+
+
+def test_probe_fails_clearly(preparer: FakePreparer, short_dir: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out = _probe(short_dir, capsys)  # nothing there
+    assert code != 0 and f"{short_dir / 'plugins' / DRIVER / 'dra.sock'}: does not exist" in out, out
+    srv = PluginServer(
+        preparer, DRIVER, short_dir / "plugins" / DRIVER, short_dir / "plugins_registry", socket_check_interval_s=None
+    )
+    with srv:
+        srv.registration_socket_path.unlink()
+        code, out = _probe(short_dir, capsys)
+        assert code != 0 and f"{srv.registration_socket_path}: does not exist" in out, out
+        assert f"{srv.dra_socket_path}: SERVING" in out
+        srv.health.set("", health.NOT_SERVING)
+        code, out = _probe(short_dir, capsys)
+        assert code != 0 and f"{srv.dra_socket_path}: NOT_SERVING" in out, out
+    stale = socket.socket(socket.AF_UNIX)  # a socket file nobody listens on: a crashed daemon's
+    stale.bind(str(srv.dra_socket_path))
+    stale.close()
+    code, out = _probe(short_dir, capsys)
+    assert code != 0 and f"{srv.dra_socket_path}: no answer" in out, out
+
+
+def test_the_call_deadline_reaches_the_preparer_and_bounds_the_wait_for_a_serialized_call(short_dir: Path) -> None:
+    release = threading.Event()
+
+    class Slow(FakePreparer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.deadlines: list[float | None] = []
+
+        def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
+            self.deadlines.append(deadline)
+            release.wait(10)
+            return super().prepare(claims)
+
+    slow = Slow()
+    slow.prepare_results = {"uid-1": PrepareResult(devices=[gpu(1)])}
+    dirs = (short_dir / "plugins" / DRIVER, short_dir / "plugins_registry")
+    srv = PluginServer(slow, DRIVER, *dirs, CollectorRegistry(), serialize=True, grace_period_s=0)
+    with srv, KubeletHarness(dirs[1], DRIVER) as kubelet, ThreadPoolExecutor(1) as pool:
+        kubelet.register()
+        try:
+            first = pool.submit(kubelet.prepare, [claim(1)])  # the kubelet's 45 s
+            wait_until("the first prepare to run", lambda: slow.deadlines)
+            start = time.monotonic()
+            got = kubelet.unprepare([claim(2)], timeout=1.5)
+            assert time.monotonic() - start < 1.5  # answered, not cut off
+            assert "deadline exceeded waiting for another prepare or unprepare" in got["uid-2"]
+        finally:
+            release.set()
+        assert first.result() == {"uid-1": PrepareResult(devices=[gpu(1)])}
+        (deadline,) = slow.deadlines
+        assert deadline is not None and 30 < deadline - time.monotonic() <= 45

@@ -6,11 +6,29 @@ validated these objects, and newer API versions add fields.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import copy
+import time
+from types import TracebackType
+from typing import Any, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field
+from urllib3 import BaseHTTPResponse
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
+from urllib3.util.retry import Retry
+
+from dra_driver.plugin.types import DEADLINE_MARGIN_S
 
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
+API_TIMEOUT_S = 10.0  # the longest one API read of a prepare may take, deadline or not
+
+
+def read_timeout(deadline: float | None, limit: float = API_TIMEOUT_S) -> float:
+    """The timeout of one API read: `limit`, shortened to end DEADLINE_MARGIN_S before `deadline` (a
+    time.monotonic() value; None: no deadline). Zero or less: no time is left for a read."""
+    if deadline is None:
+        return limit
+    return min(limit, deadline - time.monotonic() - DEADLINE_MARGIN_S)
 
 
 class _Api(BaseModel):
@@ -160,9 +178,11 @@ class DeviceClass(_Api):
 class ClaimSource(Protocol):
     """Where the plugin reads claims and classes: the API server, or a stand-in in tests."""
 
-    def get_claim(self, namespace: str, name: str) -> ResourceClaim: ...
+    def get_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> ResourceClaim:
+        """`timeout` (seconds) bounds this read; None: the source's own limit."""
+        ...
 
-    def get_device_class(self, name: str) -> DeviceClass: ...
+    def get_device_class(self, name: str, *, timeout: float | None = None) -> DeviceClass: ...
 
 
 class StaticClaimSource:
@@ -172,38 +192,66 @@ class StaticClaimSource:
         self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims or []}
         self.classes = {c["metadata"]["name"]: c for c in classes or []}
 
-    def get_claim(self, namespace: str, name: str) -> ResourceClaim:
+    def get_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> ResourceClaim:
         try:
             return ResourceClaim.model_validate(self.claims[(namespace, name)])
         except KeyError:
             raise LookupError(f"resourceclaims.resource.k8s.io {name!r} not found") from None
 
-    def get_device_class(self, name: str) -> DeviceClass:
+    def get_device_class(self, name: str, *, timeout: float | None = None) -> DeviceClass:
         try:
             return DeviceClass.model_validate(self.classes[name])
         except KeyError:
             raise LookupError(f"deviceclasses.resource.k8s.io {name!r} not found") from None
 
 
+class _TimeoutsNotRetried(Retry):
+    """urllib3's retries, except after a timeout: a retry would start the timeout over (a GET that times out
+    would take four times its timeout)."""
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        if isinstance(error, Urllib3TimeoutError):
+            raise error
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
 class KubeClaimSource:
     """Reads through the official Kubernetes client (resource.k8s.io/v1); `request_timeout` (seconds) bounds
-    each request (None: the client's default, no limit)."""
+    each request (None: the client's default, no limit), a per-read `timeout` can shorten it. A timed-out request
+    is not retried (its own client, a copy of `api_client`'s configuration)."""
 
     def __init__(self, api_client: Any, request_timeout: float | None = None) -> None:
         from kubernetes import client
 
-        self._api = client.CustomObjectsApi(api_client)
-        self._timeout: dict[str, Any] = {} if request_timeout is None else {"_request_timeout": request_timeout}
+        configuration = copy.deepcopy(api_client.configuration)
+        if configuration.retries is None or isinstance(configuration.retries, int):
+            configuration.retries = _TimeoutsNotRetried(3 if configuration.retries is None else configuration.retries)
+        self._api = client.CustomObjectsApi(client.ApiClient(configuration))
+        self._request_timeout = request_timeout
+        self._timeout: dict[str, Any] = self._timeout_kwargs(None)
 
-    def get_claim(self, namespace: str, name: str) -> ResourceClaim:
+    def _timeout_kwargs(self, timeout: float | None) -> dict[str, Any]:
+        limits = [t for t in (timeout, self._request_timeout) if t is not None]
+        # the client ignores a zero timeout (none at all): never pass one
+        return {"_request_timeout": max(min(limits), 0.001)} if limits else {}
+
+    def get_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> ResourceClaim:
         obj = self._api.get_namespaced_custom_object(
-            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name, **self._timeout
+            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name, **self._timeout_kwargs(timeout)
         )
         return ResourceClaim.model_validate(obj)
 
-    def get_device_class(self, name: str) -> DeviceClass:
+    def get_device_class(self, name: str, *, timeout: float | None = None) -> DeviceClass:
         obj = self._api.get_cluster_custom_object(
-            RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name, **self._timeout
+            RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name, **self._timeout_kwargs(timeout)
         )
         return DeviceClass.model_validate(obj)
 

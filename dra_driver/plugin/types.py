@@ -6,6 +6,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+DEADLINE_MARGIN_S = 0.5  # give up this long before the caller's deadline, so that the answer still reaches it
+
 
 class ClaimRef(BaseModel):
     """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources."""
@@ -36,7 +38,10 @@ class ClaimPreparer(Protocol):
     Both calls are idempotent and must return an entry for every claim they were given.
     """
 
-    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]: ...
+    def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
+        """`deadline`: when the caller gives up, a time.monotonic() value (None: no deadline); a claim that cannot
+        be prepared by then should get an error. Preparers without this parameter are called without it."""
+        ...
 
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
         """claim UID -> error message ("" on success)."""

@@ -196,21 +196,27 @@ class KubeletHarness:
     def _claims(pb: ModuleType, claims: list[ClaimRef]) -> list[Any]:
         return [pb.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
-    def prepare_raw(self, claims: list[ClaimRef], version: str | None = None) -> Any:
+    def prepare_raw(
+        self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S
+    ) -> Any:
         """NodePrepareResources; returns the response message. ``version``: "v1", "v1beta1" or None (prefer v1)."""
         pb = self._dra_module(version)
         call = rpc.unary_call(self._channel(), rpc.service_descriptor(pb, "DRAPlugin"), "NodePrepareResources")
-        return call(pb.NodePrepareResourcesRequest(claims=self._claims(pb, claims)), timeout=KUBELET_CALL_TIMEOUT_S)
+        return call(pb.NodePrepareResourcesRequest(claims=self._claims(pb, claims)), timeout=timeout)
 
-    def unprepare_raw(self, claims: list[ClaimRef], version: str | None = None) -> Any:
+    def unprepare_raw(
+        self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S
+    ) -> Any:
         """NodeUnprepareResources; returns the response message."""
         pb = self._dra_module(version)
         call = rpc.unary_call(self._channel(), rpc.service_descriptor(pb, "DRAPlugin"), "NodeUnprepareResources")
-        return call(pb.NodeUnprepareResourcesRequest(claims=self._claims(pb, claims)), timeout=KUBELET_CALL_TIMEOUT_S)
+        return call(pb.NodeUnprepareResourcesRequest(claims=self._claims(pb, claims)), timeout=timeout)
 
-    def prepare(self, claims: list[ClaimRef], version: str | None = None) -> dict[str, PrepareResult]:
+    def prepare(
+        self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S
+    ) -> dict[str, PrepareResult]:
         """NodePrepareResources, decoded: claim UID -> PrepareResult."""
-        response = self.prepare_raw(claims, version)
+        response = self.prepare_raw(claims, version, timeout)
         decoded: dict[str, PrepareResult] = {}
         for uid, entry in response.claims.items():
             devices = [
@@ -228,9 +234,11 @@ class KubeletHarness:
             decoded[uid] = PrepareResult(devices=devices, error=entry.error)
         return decoded
 
-    def unprepare(self, claims: list[ClaimRef], version: str | None = None) -> dict[str, str]:
+    def unprepare(
+        self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S
+    ) -> dict[str, str]:
         """NodeUnprepareResources, decoded: claim UID -> error ("" on success)."""
-        response = self.unprepare_raw(claims, version)
+        response = self.unprepare_raw(claims, version, timeout)
         return {uid: entry.error for uid, entry in response.claims.items()}
 
     def close(self) -> None:

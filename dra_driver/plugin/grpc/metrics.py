@@ -34,6 +34,8 @@ ERROR_MISSING_RESULT = "missing_result"  # the preparer returned no entry for a 
 ERROR_INVALID_RESULT = "invalid_result"  # the preparer's entry could not be translated
 ERROR_REGISTRATION_FAILED = "registration_failed"  # the kubelet reported plugin_registered=false
 ERROR_INTERNAL = "internal"  # an unexpected exception in this layer
+ERROR_BUSY = "busy"  # too many prepares at once: refused, to keep gRPC workers for unprepares
+ERROR_DEADLINE = "deadline_exceeded"  # the call's deadline passed while it waited for another call
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 45.0, 90.0)
 

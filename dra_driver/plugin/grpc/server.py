@@ -10,6 +10,11 @@ Layout (defaults of the Go kubeletplugin helper):
 Both servers also serve the standard ``grpc.health.v1.Health`` service. :meth:`PluginServer.start` starts the DRA
 server first and the registrar last, so the kubelet never learns of an endpoint that is not there yet;
 :meth:`PluginServer.stop` stops them in the reverse order and removes the socket files.
+
+Two instances may serve the same paths for a while (a rolling update with surge): each socket is bound under a
+temporary name and renamed into place, so the newer instance atomically takes the path over, and an instance only
+ever removes a socket file that is still the one it bound (gRPC itself unlinks the path it bound when it stops, which
+is why it never binds the shared path). A watchdog binds a socket again when its file disappears.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -37,6 +43,11 @@ log = logging.getLogger(__name__)
 DEFAULT_PLUGIN_SOCKET = "dra.sock"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+RESERVED_WORKERS = 2  # server threads prepares never take: for unprepares and health checks
+DEFAULT_SOCKET_CHECK_INTERVAL_S = 5.0
+
+# (st_dev, st_ino, st_ctime_ns): inode numbers are reused once a file is deleted, the ctime tells a later file apart
+SocketId = tuple[int, int, int]
 
 _umask_lock = threading.Lock()
 
@@ -55,14 +66,39 @@ def _umask(mask: int) -> Iterator[None]:
             os.umask(old)
 
 
-def _remove_socket(path: Path) -> None:
-    """Remove a socket file left behind; refuse to delete anything that is not a socket."""
+def _check_replaceable(path: Path) -> None:
+    """Refuse to replace anything but a socket (one left behind, or another instance's)."""
     try:
         st = path.lstat()
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise FileExistsError(f"{path} exists and is not a socket")
+
+
+def _tmp_name() -> str:
+    """A private name to bind a socket under, beside its final path (the kubelet's plugin watcher ignores names
+    that start with a dot)."""
+    return f".tmp-{secrets.token_hex(4)}.sock"
+
+
+def socket_id(path: Path) -> SocketId | None:
+    """The identity of the file at ``path``; None if there is none."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def _remove_own_socket(path: Path, ours: SocketId | None) -> None:
+    """Remove the socket file this server bound; leave one that replaced it (another instance serves it now)."""
+    current = socket_id(path)
+    if current is None:
+        return
+    if current != ours:
+        log.info("leaving %s: not the socket this server bound, another instance serves it now", path)
+        return
     path.unlink(missing_ok=True)
 
 
@@ -72,6 +108,10 @@ class PluginServer:
     ``socket_mode`` is applied to both socket files (0o600 or 0o660 make sense; the kubelet runs as root).
     ``serialize`` lets only one prepare/unprepare call run at a time, as the Go helper does by default.
     ``on_registration`` is called with every status the kubelet reports.
+    At most ``max_workers - RESERVED_WORKERS`` prepare calls run at once (at least one): more are refused at once
+    (waiting would hold a thread too), so that prepares stalled on the API server never leave an unprepare without a
+    thread. Every ``socket_check_interval_s`` (None: never) a socket file that is gone is bound again (the kubelet
+    registers the plugin again when the registration socket reappears).
     """
 
     def __init__(
@@ -86,9 +126,10 @@ class PluginServer:
         registrar_socket_filename: str | None = None,
         socket_mode: int = 0o600,
         serialize: bool = True,
-        max_workers: int = 8,
+        max_workers: int = 32,  # threads are started on demand; prepares may wait for the device lock
         grace_period_s: float = 5.0,
         on_registration: Callable[[RegistrationStatus], None] | None = None,
+        socket_check_interval_s: float | None = DEFAULT_SOCKET_CHECK_INTERVAL_S,
     ) -> None:
         if not driver_name:
             raise ValueError("driver_name is required")
@@ -101,14 +142,22 @@ class PluginServer:
         reg_name = registrar_socket_filename or registrar_socket_name(driver_name)
         self._reg_socket = (self._registry_dir / reg_name).absolute()
         for path in (self._dra_socket, self._reg_socket):
-            if len(os.fsencode(path)) > MAX_UNIX_PATH:
-                raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes, too long for AF_UNIX")
+            # the socket is bound under a temporary name in the same directory first
+            longest = max(len(os.fsencode(path)), len(os.fsencode(path.parent)) + 1 + len(_tmp_name()))
+            if longest > MAX_UNIX_PATH:
+                raise ValueError(
+                    f"socket path {path} is too long for AF_UNIX: it, and a temporary name beside it, must fit in "
+                    f"{MAX_UNIX_PATH} bytes"
+                )
         self._socket_mode = socket_mode
         self._max_workers = max_workers
         self._grace_period_s = grace_period_s
+        self._socket_check_interval_s = socket_check_interval_s
         self._metrics = PluginMetrics.for_registry(metrics_registry)
         pb = protos.load()
-        self._dra = DRAService(preparer, self._metrics, serialize=serialize)
+        self._dra = DRAService(
+            preparer, self._metrics, serialize=serialize, max_concurrent_prepares=max(1, max_workers - RESERVED_WORKERS)
+        )
         self._dra_modules = (pb.dra_v1, pb.dra_v1beta1)
         self._registration = RegistrationService(
             pb.registration,
@@ -127,6 +176,10 @@ class PluginServer:
         self._lock = threading.Lock()
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
+        self._handlers: dict[Path, list[grpc.GenericRpcHandler]] = {}
+        self._socket_ids: dict[Path, SocketId | None] = {}  # what we bound, to remove only that
+        self._watchdog: threading.Thread | None = None
+        self._watchdog_stop = threading.Event()
 
     # -- properties
 
@@ -168,24 +221,38 @@ class PluginServer:
 
     # -- lifecycle
 
-    def _serve(self, path: Path, handlers: list[grpc.GenericRpcHandler], name: str) -> grpc.Server:
+    def _serve(
+        self, path: Path, handlers: list[grpc.GenericRpcHandler], name: str, *, replace: bool = True
+    ) -> grpc.Server:
+        """Serve ``handlers`` on ``path``. With ``replace`` a socket there is replaced (atomically); without, a file
+        that appeared there meanwhile is left alone and FileExistsError raised."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_socket(path)
+        _check_replaceable(path)
+        self._handlers[path] = handlers
+        # gRPC unlinks the path it bound when it stops, even if another instance's socket is there by then: bind a
+        # private name, and move the file into place
+        tmp = path.parent / _tmp_name()
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"dra-grpc-{name}"),
             handlers=handlers,
         )
         try:
             with _umask(0o777 & ~self._socket_mode):
-                port = server.add_insecure_port(f"unix:{path}")
+                port = server.add_insecure_port(f"unix:{tmp}")
             if port == 0:
-                raise OSError(f"cannot listen on {path}")
-            os.chmod(path, self._socket_mode)
+                raise OSError(f"cannot listen on {tmp}")
+            os.chmod(tmp, self._socket_mode)
             server.start()
+            if replace:
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)  # fails if the path exists
+                tmp.unlink()
+            self._socket_ids[path] = socket_id(path)
         except BaseException:
             server.stop(None)
             with contextlib.suppress(OSError):
-                _remove_socket(path)
+                tmp.unlink()
             raise
         log.info("serving %s on %s", name, path)
         return server
@@ -207,9 +274,23 @@ class PluginServer:
             except BaseException:
                 self._stop_locked(0)
                 raise
+            if self._socket_check_interval_s:
+                self._watchdog_stop = threading.Event()
+                self._watchdog = threading.Thread(
+                    target=self._watch,
+                    args=(self._watchdog_stop, self._socket_check_interval_s),
+                    name="dra-socket-watchdog",
+                    daemon=True,
+                )
+                self._watchdog.start()
 
     def stop(self, grace: float | None = None) -> None:
-        """Stop the registrar, then the DRA server, and remove both socket files. Idempotent."""
+        """Stop the registrar, then the DRA server, and remove both socket files (if still ours). Idempotent."""
+        with self._lock:
+            self._watchdog_stop.set()
+            watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join()
         with self._lock:
             self._stop_locked(self._grace_period_s if grace is None else grace)
 
@@ -219,11 +300,41 @@ class PluginServer:
             if server is not None:
                 server.stop(grace).wait()
             try:
-                _remove_socket(path)
+                _remove_own_socket(path, self._socket_ids.pop(path, None))
             except OSError as exc:
                 log.warning("cannot remove %s: %s", path, exc)
         self._reg_server = None
         self._dra_server = None
+
+    # -- socket watchdog
+
+    def _watch(self, stop: threading.Event, interval: float) -> None:
+        while not stop.wait(interval):
+            with self._lock:
+                if stop.is_set():
+                    return
+                try:
+                    self._restore_sockets_locked()
+                except Exception:
+                    log.exception("checking the plugin's sockets failed")
+
+    def _restore_sockets_locked(self) -> None:
+        """Bind a socket whose file is gone again, the DRA socket first (the registrar advertises it). A path that
+        exists is left alone: our socket, or another instance's, which serves it now."""
+        if self._dra_server is not None and socket_id(self._dra_socket) is None:
+            self._dra_server = self._rebind(self._dra_socket, "dra", self._dra_server)
+        if self._reg_server is not None and socket_id(self._reg_socket) is None:
+            self._reg_server = self._rebind(self._reg_socket, "registration", self._reg_server)
+
+    def _rebind(self, path: Path, name: str, old: grpc.Server) -> grpc.Server:
+        log.warning("%s was removed: serving %s on it again", path, name)
+        try:
+            server = self._serve(path, self._handlers[path], name, replace=False)
+        except FileExistsError:
+            log.info("%s was created meanwhile by another instance: leaving it", path)
+            return old
+        old.stop(self._grace_period_s)  # in the background: calls on its connections finish, clients reconnect
+        return server
 
     def __enter__(self) -> PluginServer:
         self.start()

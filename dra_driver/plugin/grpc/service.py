@@ -9,6 +9,8 @@ RPC, so the kubelet retries just those claims.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import threading
 import time
@@ -22,7 +24,9 @@ from google.protobuf.message import Message
 
 from dra_driver.plugin.grpc import rpc
 from dra_driver.plugin.grpc.metrics import (
+    ERROR_BUSY,
     ERROR_CLAIM,
+    ERROR_DEADLINE,
     ERROR_INTERNAL,
     ERROR_INVALID_RESULT,
     ERROR_MISSING_RESULT,
@@ -33,7 +37,7 @@ from dra_driver.plugin.grpc.metrics import (
     RESULT_RPC_ERROR,
     PluginMetrics,
 )
-from dra_driver.plugin.types import ClaimPreparer, ClaimRef
+from dra_driver.plugin.types import DEADLINE_MARGIN_S, ClaimPreparer, ClaimRef, PrepareResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,6 +45,7 @@ T = TypeVar("T")
 PLUGIN_TYPE = "DRAPlugin"  # PluginInfo.type of a DRA driver
 DRA_SERVICE = "DRAPlugin"
 REGISTRATION_SERVICE = "Registration"
+_NO_DEADLINE_S = 365 * 24 * 3600.0  # gRPC reports about 2**63 s remaining for a call without a deadline
 
 
 def base_request_name(name: str) -> str:
@@ -51,6 +56,23 @@ def base_request_name(name: str) -> str:
 def _exception_text(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def call_deadline(context: grpc.ServicerContext) -> float | None:
+    """The call's deadline as a time.monotonic() value; None when the caller set none."""
+    remaining: float | None = context.time_remaining()
+    if remaining is None or remaining > _NO_DEADLINE_S:
+        return None
+    return time.monotonic() + remaining
+
+
+def _takes_deadline(fn: Callable[..., object]) -> bool:
+    """Whether a preparer's prepare() has the `deadline` parameter (older preparers do not)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "deadline" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 @contextlib.contextmanager
@@ -74,13 +96,25 @@ def _instrument(metrics: PluginMetrics, method: str) -> Iterator[list[str]]:
 class DRAService:
     """NodePrepareResources / NodeUnprepareResources for any DRA API version (they share their message shapes).
 
-    ``serialize`` (default, like the Go kubeletplugin helper) lets only one prepare or unprepare call run at a time.
+    ``serialize`` (default, like the Go kubeletplugin helper) lets only one prepare or unprepare call run at a time;
+    a call gives up waiting for it at its deadline. ``max_concurrent_prepares`` bounds the prepare calls in progress:
+    one more is refused at once (a waiting call would hold a server thread too), so that prepares stalled on the
+    API server never take every thread and unprepares, which need no API, still run.
     """
 
-    def __init__(self, preparer: ClaimPreparer, metrics: PluginMetrics, serialize: bool = True) -> None:
+    def __init__(
+        self,
+        preparer: ClaimPreparer,
+        metrics: PluginMetrics,
+        serialize: bool = True,
+        max_concurrent_prepares: int | None = None,
+    ) -> None:
         self._preparer = preparer
         self._metrics = metrics
-        self._lock: contextlib.AbstractContextManager[Any] = threading.Lock() if serialize else contextlib.nullcontext()
+        self._lock = threading.Lock() if serialize else None
+        self._max_prepares = max_concurrent_prepares
+        self._prepare_slots = threading.BoundedSemaphore(max_concurrent_prepares) if max_concurrent_prepares else None
+        self._prepare_takes_deadline = _takes_deadline(preparer.prepare)
 
     @staticmethod
     def _claims(request: Any) -> list[ClaimRef]:
@@ -94,25 +128,55 @@ class DRAService:
         return claims
 
     def _call(
-        self, method: str, verb: str, fn: Callable[[list[ClaimRef]], T], claims: list[ClaimRef]
+        self,
+        method: str,
+        verb: str,
+        fn: Callable[[list[ClaimRef]], T],
+        claims: list[ClaimRef],
+        deadline: float | None = None,
     ) -> tuple[T | None, str]:
         """The preparer's answer, or the failure text every claim gets when it raised (never a crashed RPC)."""
+        wait_s = -1.0 if deadline is None else max(0.0, deadline - DEADLINE_MARGIN_S - time.monotonic())
+        if self._lock is not None and not self._lock.acquire(timeout=wait_s):
+            self._metrics.error(method, ERROR_DEADLINE, len(claims))
+            return None, f"{verb} not started: deadline exceeded waiting for another prepare or unprepare to finish"
         try:
-            with self._lock:
-                return fn(claims), ""
+            return fn(claims), ""
         except Exception as exc:
             log.exception("%s of claims %s failed", verb, [c.uid for c in claims])
             self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
             return None, f"{verb} failed: {_exception_text(exc)}"
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
-    def prepare(self, pb: ModuleType, request: Any) -> tuple[Message, bool]:
-        """Handle NodePrepareResources with the messages of ``pb``; returns (response, all claims succeeded)."""
+    def _prepare_claims(
+        self, method: str, claims: list[ClaimRef], deadline: float | None
+    ) -> tuple[dict[str, PrepareResult] | None, str]:
+        if self._prepare_slots is not None and not self._prepare_slots.acquire(blocking=False):
+            self._metrics.error(method, ERROR_BUSY, len(claims))
+            return None, (
+                f"prepare refused: {self._max_prepares} prepares are in progress, the other gRPC workers are kept "
+                "for unprepares (the kubelet retries)"
+            )
+        try:
+            fn: Callable[[list[ClaimRef]], dict[str, PrepareResult]] = self._preparer.prepare
+            if self._prepare_takes_deadline:
+                fn = functools.partial(self._preparer.prepare, deadline=deadline)
+            return self._call(method, "prepare", fn, claims, deadline)
+        finally:
+            if self._prepare_slots is not None:
+                self._prepare_slots.release()
+
+    def prepare(self, pb: ModuleType, request: Any, deadline: float | None = None) -> tuple[Message, bool]:
+        """Handle NodePrepareResources with the messages of ``pb``; returns (response, all claims succeeded).
+        ``deadline``: the call's (time.monotonic()), passed on to the preparer."""
         method = "NodePrepareResources"
         response: Any = pb.NodePrepareResourcesResponse()
         claims = self._claims(request)
         if not claims:
             return response, True
-        results, failure = self._call(method, "prepare", self._preparer.prepare, claims)
+        results, failure = self._prepare_claims(method, claims, deadline)
         has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
         all_ok = True
         for claim in claims:
@@ -155,14 +219,14 @@ class DRAService:
             self._metrics.claim_prepared(claim.uid, len(entry.devices))
         return response, all_ok
 
-    def unprepare(self, pb: ModuleType, request: Any) -> tuple[Message, bool]:
+    def unprepare(self, pb: ModuleType, request: Any, deadline: float | None = None) -> tuple[Message, bool]:
         """Handle NodeUnprepareResources with the messages of ``pb``; returns (response, all claims succeeded)."""
         method = "NodeUnprepareResources"
         response: Any = pb.NodeUnprepareResourcesResponse()
         claims = self._claims(request)
         if not claims:
             return response, True
-        results, failure = self._call(method, "unprepare", self._preparer.unprepare, claims)
+        results, failure = self._call(method, "unprepare", self._preparer.unprepare, claims, deadline)
         all_ok = True
         for claim in claims:
             entry = response.claims[claim.uid]
@@ -195,12 +259,12 @@ class DRAService:
         )
 
     def _behavior(
-        self, method: str, pb: ModuleType, handle: Callable[[ModuleType, Any], tuple[Message, bool]]
+        self, method: str, pb: ModuleType, handle: Callable[[ModuleType, Any, float | None], tuple[Message, bool]]
     ) -> rpc.UnaryBehavior:
         def behavior(request: Any, context: grpc.ServicerContext) -> Message:
             with _instrument(self._metrics, method) as outcome:
                 try:
-                    response, ok = handle(pb, request)
+                    response, ok = handle(pb, request, call_deadline(context))
                 except Exception as exc:  # a bug in this layer: still answer with a status, not a crash
                     log.exception("%s failed", method)
                     self._metrics.error(method, ERROR_INTERNAL)

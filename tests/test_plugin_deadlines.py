@@ -1,0 +1,170 @@
+"""A stalled API server must not stall the plugin: every API read has a timeout, a prepare honours the kubelet's
+deadline, and prepares never take every gRPC worker, so unprepares still get through."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from dra_driver.plugin.claims import API_TIMEOUT_S, DeviceClass, KubeClaimSource, ResourceClaim, StaticClaimSource
+from dra_driver.plugin.grpc import PluginServer
+from dra_driver.plugin.types import PrepareResult
+from tests.kubelet_harness import KubeletHarness
+from tests.plugin_helpers import DRIVER, Node, claim, ref
+from tests.polling import wait_until
+
+
+class StalledClaims:
+    """An API server that stops answering claim reads while `stalled` is set; a read waits as long as the timeout
+    it is given (as the real client does), and forever without one."""
+
+    def __init__(self, inner: StaticClaimSource) -> None:
+        self.inner = inner
+        self.stalled = threading.Event()
+        self.released = threading.Event()
+        self.waiting = 0
+        self.timeouts: list[float | None] = []
+        self._lock = threading.Lock()
+
+    def get_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> ResourceClaim:
+        with self._lock:
+            self.timeouts.append(timeout)
+        if self.stalled.is_set():
+            with self._lock:
+                self.waiting += 1
+            try:
+                if not self.released.wait(timeout):
+                    raise TimeoutError(f"read timed out (timeout={timeout})")
+            finally:
+                with self._lock:
+                    self.waiting -= 1
+        return self.inner.get_claim(namespace, name)
+
+    def get_device_class(self, name: str, *, timeout: float | None = None) -> DeviceClass:
+        return self.inner.get_device_class(name)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # AF_UNIX paths are short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_prepares_honour_the_deadline_and_leave_workers_for_unprepares(tmp_path: Path, short_dir: Path) -> None:
+    node = Node(tmp_path)
+    prepared, waiting = claim(["gpu-0"]), [claim([f"gpu-{i % 8}"]) for i in range(10)]
+    node.add(prepared, *waiting)
+    source = node.source = StalledClaims(node.source)  # type: ignore[assignment]
+    driver = node.driver()
+    # as the daemon runs it (prepares of different claims in parallel), with 8 threads: 6 for prepares
+    server = PluginServer(
+        driver, DRIVER, short_dir / "plugins", short_dir / "registry", serialize=False, max_workers=8, grace_period_s=0
+    )
+    server.start()
+    deadline_s = 4.0
+    try:
+        with KubeletHarness(short_dir / "registry", DRIVER) as kubelet, ThreadPoolExecutor(len(waiting)) as pool:
+            kubelet.register()
+            assert kubelet.prepare([ref(prepared)])[prepared["metadata"]["uid"]].error == ""
+            source.stalled.set()
+            start = time.monotonic()
+            futures = [pool.submit(kubelet.prepare, [ref(c)], timeout=deadline_s) for c in waiting]
+            wait_until("prepares blocked on the API server", lambda: source.waiting >= 6, timeout=deadline_s / 2)
+            # an unprepare needs no API read: it must not wait for the stalled prepares
+            t = time.monotonic()
+            assert kubelet.unprepare([ref(prepared)], timeout=deadline_s / 2) == {prepared["metadata"]["uid"]: ""}
+            assert time.monotonic() - t < 2.0  # the prepares block until 0.5 s before their deadline
+            assert source.waiting >= 1 and not all(f.done() for f in futures)  # they were still blocked
+            results: list[PrepareResult] = [r for f in futures for r in f.result().values()]  # no RPC failed
+            took = time.monotonic() - start
+            assert took < deadline_s  # answered before the kubelet gave up, not cut off by it
+            assert len(results) == len(waiting)
+            for r in results:
+                assert r.error and not r.devices
+                assert "timed out" in r.error or "deadline exceeded" in r.error or "prepares are in progress" in r.error
+            assert any("timed out" in r.error for r in results)  # those that read: within the deadline
+            assert all(t is not None and 0 < t < deadline_s for t in source.timeouts[1:])
+            # the API server is back: the kubelet's retry succeeds
+            source.stalled.clear()
+            retry = waiting[0]
+            assert kubelet.prepare([ref(retry)])[retry["metadata"]["uid"]].error == ""
+    finally:
+        source.released.set()
+        server.stop(grace=0)
+
+
+def test_prepare_past_its_deadline_reads_nothing_and_says_so(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    c = claim(["gpu-0"])
+    node.add(c)
+    source = node.source = StalledClaims(node.source)  # type: ignore[assignment]
+    d = node.driver()
+    error = d.prepare([ref(c)], deadline=time.monotonic() - 1)[c["metadata"]["uid"]].error
+    assert "deadline exceeded" in error and f"default/{c['metadata']['name']}" in error
+    assert source.timeouts == [] and node.cdi_files() == []
+
+
+def test_every_api_read_has_a_timeout_bounded_by_the_deadline(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    a, b = claim(["gpu-0"]), claim(["gpu-1"])
+    node.add(a, b)
+    source = node.source = StalledClaims(node.source)  # type: ignore[assignment]
+    d = node.driver()
+    assert d.prepare([ref(a)])[a["metadata"]["uid"]].error == ""
+    assert source.timeouts == [API_TIMEOUT_S]  # no deadline: the default
+    d.prepare([ref(b)], deadline=time.monotonic() + 3)
+    (timeout,) = source.timeouts[1:]
+    assert timeout is not None and 0 < timeout < 3
+
+
+@pytest.fixture
+def silent_api_server() -> Iterator[str]:
+    """Like a SIGSTOPped kube-apiserver: connections are accepted (by the kernel), nothing is ever answered."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+    for conn in accepted:
+        conn.close()
+
+
+def _elapsed(fn: Any) -> float:
+    start = time.monotonic()
+    with pytest.raises(Exception, match="timed out"):
+        fn()
+    return time.monotonic() - start
+
+
+def test_kube_claim_source_gives_up_on_a_silent_api_server(silent_api_server: str) -> None:
+    config = client.Configuration()
+    config.host = silent_api_server
+    source = KubeClaimSource(client.ApiClient(config), request_timeout=1.0)
+    # one timeout for the whole read: urllib3's retries of timed-out GETs would make it four
+    assert _elapsed(lambda: source.get_claim("default", "c")) < 1.8
+    assert _elapsed(lambda: source.get_device_class("gpu")) < 1.8
+    assert _elapsed(lambda: source.get_claim("default", "c", timeout=0.3)) < 0.9  # shorter per read
+    assert _elapsed(lambda: source.get_claim("default", "c", timeout=30)) < 1.8  # never beyond request_timeout
+    unbounded = KubeClaimSource(client.ApiClient(config))
+    assert _elapsed(lambda: unbounded.get_claim("default", "c", timeout=0.3)) < 0.9
