@@ -154,6 +154,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         args.rediscover_seconds,
         args.node_labels,
         args.ignored_xids,
+        metrics_address=args.metrics_address,
     )
     run(options, open_source(args.sim, args.sim_state, args.sysfs_root, args.proc_root))
     return 0
@@ -221,6 +222,16 @@ def cmd_health_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from dra_driver.plugin.grpc.probe import plugin_sockets, probe
+
+    sockets = plugin_sockets(args.driver, args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver, args.registry_dir)
+    results = probe(sockets, args.timeout)
+    for r in results:
+        print(r if r.ok else f"dra-driver: error: {r}", file=sys.stdout if r.ok else sys.stderr)
+    return 0 if all(r.ok for r in results) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dra-driver", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -248,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
     plugin.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    plugin.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="the address the metrics listen on (default 127.0.0.1: they have no authentication; 0.0.0.0 or the "
+        "pod IP to be scraped from other hosts)",
+    )
     plugin.add_argument("--rediscover-seconds", type=float, default=60.0, help="how often to look at the GPUs again")
     plugin.add_argument(
         "--feature-gates",
@@ -289,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("device", help="device name (gpu-3, a MIG partition) or GPU UUID")
             p.set_defaults(func=cmd_health_clear)
+
+    probe = sub.add_parser("probe", help="liveness check: the plugin's kubelet sockets answer a gRPC health check")
+    probe.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (for the default socket paths)")
+    probe.add_argument(
+        "--plugin-dir", type=Path, help="as given to `plugin` (default /var/lib/kubelet/plugins/<driver>)"
+    )
+    probe.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
+    probe.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each socket's answer")
+    probe.set_defaults(func=cmd_probe)
 
     sim = sub.add_parser("sim", help="simulated machines")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)

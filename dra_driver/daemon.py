@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, start_http_server
 
@@ -35,7 +36,7 @@ from dra_driver.telemetry import ReservedPods, register_gpu_metrics
 
 log = logging.getLogger(__name__)
 
-API_TIMEOUT_SECONDS = 10.0  # claim status writes: never hang the writer's thread
+API_TIMEOUT_SECONDS = 10.0  # claim reads and status writes: never hang a thread on the API server
 POD_LOOKUP_TIMEOUT_SECONDS = 2.0  # the `pod` label's claim reads happen during a scrape
 
 
@@ -49,6 +50,13 @@ class DaemonOptions:
     rediscover_seconds: float = 60.0
     node_labels: bool = False  # label the Node with GPU facts (needs `patch` on nodes; not in deploy/rbac.yaml)
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS  # XIDs counted in the metrics but never tainting
+    metrics_address: str = "127.0.0.1"  # the endpoint has no authentication: loopback unless asked otherwise
+
+
+def serve_metrics(port: int, address: str) -> WSGIServer:
+    """The Prometheus endpoint, listening on `address` only (never implicitly on every interface)."""
+    server, _ = start_http_server(port, addr=address)
+    return server
 
 
 def server_minor(api_client: Any) -> str:
@@ -74,7 +82,7 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
     driver = Driver(
         options.settings,
         source.lib,
-        KubeClaimSource(api),
+        KubeClaimSource(api, request_timeout=API_TIMEOUT_SECONDS),  # a stalled API server must not stall prepares
         sysfs_root=source.sysfs_root,
         proc_root=source.proc_root,
         boot_id=current_boot_id(),
@@ -142,7 +150,7 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         driver, options.settings.driver, options.settings.plugin_dir, options.registry_dir, serialize=False
     )
     if options.metrics_port is not None:
-        start_http_server(options.metrics_port)
+        serve_metrics(options.metrics_port, options.metrics_address)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     publisher.start()

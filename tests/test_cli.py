@@ -94,3 +94,18 @@ def test_plugin_ignored_xids_reach_the_daemon(tmp_path: Path, monkeypatch) -> No
     assert seen == [DEFAULT_IGNORED_XIDS, frozenset({13, 79}), frozenset()]
     bad = _run(*common, "--ignored-xids", "13,x", tmp_path=tmp_path)
     assert bad.returncode == 2 and "not a comma-separated list of XID numbers" in bad.stderr
+
+
+def test_plugin_metrics_address_defaults_to_loopback(tmp_path: Path, monkeypatch) -> None:
+    import dra_driver.daemon
+    from dra_driver.cli import main
+
+    seen: list[tuple[int | None, str]] = []
+    monkeypatch.setattr(
+        dra_driver.daemon, "run", lambda options, source: seen.append((options.metrics_port, options.metrics_address))
+    )
+    monkeypatch.setenv("DRA_DRIVER_SIM_STATE", str(tmp_path))
+    common = ["plugin", "--sim", "dgx-h100", "--node-name", "n1", "--plugin-dir", str(tmp_path / "p")]
+    assert main([*common, "--metrics-port", "9400"]) == 0
+    assert main([*common, "--metrics-port", "9400", "--metrics-address", "10.1.2.3"]) == 0
+    assert seen == [(9400, "127.0.0.1"), (9400, "10.1.2.3")]

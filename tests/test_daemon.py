@@ -111,3 +111,19 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
     assert daemon.returncode == 0, out
     assert not list((sockets / "registry").glob("*.sock")) and not (sockets / "plugin" / "dra.sock").exists()
     assert not (sockets / "plugin" / "health.sock").exists()
+
+
+def test_metrics_listen_only_on_the_given_address() -> None:
+    from dra_driver.daemon import serve_metrics
+
+    # 127.0.0.2 is loopback too: a server bound to 0.0.0.0 would answer on 127.0.0.1 as well
+    server = serve_metrics(0, "127.0.0.2")
+    try:
+        address, port = server.server_address[:2]
+        assert address == "127.0.0.2"
+        assert urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10).status == 200
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+    finally:
+        server.shutdown()
+        server.server_close()

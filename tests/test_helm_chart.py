@@ -127,6 +127,7 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
         "--rediscover-seconds=60",
         "--ignored-xids=13,31,43,45,68,109",
         "--metrics-port=8080",
+        "--metrics-address=$(POD_IP)",
     ]
     assert c["securityContext"] == {"privileged": True}
     env = {e["name"]: e for e in c["env"]}
@@ -208,19 +209,22 @@ def test_rbac_and_admission_policy_match_deploy_rbac_yaml(helm: Helm) -> None:
     binding = _one(objs, "ClusterRoleBinding", f"{FULLNAME}-node")
     assert binding["roleRef"]["name"] == f"{FULLNAME}-node"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
-    vap = _one(objs, "ValidatingAdmissionPolicy", f"{FULLNAME}-own-node-slices")
-    want = ref["ValidatingAdmissionPolicy", "dra-driver-own-node-slices"]["spec"]
-    assert vap["spec"]["matchConditions"] == [
-        {
-            "name": "is-driver-service-account",
-            "expression": f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{FULLNAME}'",
+    for policy in ("own-node-slices", "own-node-claim-status"):
+        vap = _one(objs, "ValidatingAdmissionPolicy", f"{FULLNAME}-{policy}")
+        want = ref["ValidatingAdmissionPolicy", f"dra-driver-{policy}"]["spec"]
+        assert vap["spec"]["matchConditions"] == [
+            {
+                "name": "is-driver-service-account",
+                "expression": f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{FULLNAME}'",
+            }
+        ]
+        assert {k: v for k, v in vap["spec"].items() if k != "matchConditions"} == {
+            k: v for k, v in want.items() if k != "matchConditions"
         }
-    ]
-    assert {k: v for k, v in vap["spec"].items() if k != "matchConditions"} == {
-        k: v for k, v in want.items() if k != "matchConditions"
-    }
-    vapb = _one(objs, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-own-node-slices")
-    assert vapb["spec"] == {"policyName": f"{FULLNAME}-own-node-slices", "validationActions": ["Deny"]}
+        vapb = _one(objs, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-{policy}")
+        assert vapb["spec"] == {"policyName": f"{FULLNAME}-{policy}", "validationActions": ["Deny"]}
+    custom = _one(_render(helm, *CUSTOM), "ValidatingAdmissionPolicy", f"{FULLNAME}-own-node-claim-status")
+    assert {v["name"]: v["expression"] for v in custom["spec"]["variables"]}["driver"] == "'gpu.example.com'"
     assert not [o for o in objs if o["kind"] == "Namespace"]  # helm --create-namespace makes it
 
 
@@ -268,6 +272,21 @@ def test_ignored_xids_reach_the_daemon(helm: Helm) -> None:
     assert "--ignored-xids=" in _plugin(_render(helm, "--set-json", "health.ignoredXids=[]"))["c"]["args"]
 
 
+def test_metrics_listen_on_the_pod_ip_or_the_given_address(helm: Helm) -> None:
+    # The endpoint has no authentication and the CLI's default is loopback: the chart names the address Prometheus
+    # scrapes, the pod's IP, unless metrics.address says otherwise
+    default = _plugin(_render(helm))["c"]
+    assert default["args"][-2:] == ["--metrics-port=8080", "--metrics-address=$(POD_IP)"]
+    env = {e["name"]: e for e in default["env"]}
+    assert env["POD_IP"] == {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    everywhere = _plugin(_render(helm, "--set", "metrics.address=0.0.0.0", "--set", "metrics.port=9400"))["c"]
+    assert everywhere["args"][-2:] == ["--metrics-port=9400", "--metrics-address=0.0.0.0"]
+    assert "POD_IP" not in {e["name"] for e in everywhere["env"]}
+    off = _plugin(_render(helm, "--set", "metrics.enabled=false"))["c"]
+    assert not [a for a in off["args"] if a.startswith("--metrics")] and "ports" not in off
+    assert "POD_IP" not in {e["name"] for e in off["env"]}
+
+
 def test_daemonset_tolerates_the_gpu_node_taint(helm: Helm) -> None:
     assert _plugin(_render(helm))["pod"]["tolerations"] == [GPU_TOLERATION]  # by default, and nothing else
     extra = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -276,6 +295,38 @@ def test_daemonset_tolerates_the_gpu_node_taint(helm: Helm) -> None:
     only_extra = _render(helm, "--set", "tolerateGpuTaint=false", "--set-json", f"tolerations=[{json.dumps(extra)}]")
     assert _plugin(only_extra)["pod"]["tolerations"] == [extra]
     assert "tolerations" not in _plugin(_render(helm, "--set", "tolerateGpuTaint=false"))["pod"]
+
+
+def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(helm: Helm) -> None:
+    from dra_driver.cli import build_parser
+
+    for values, driver, kubelet_dir in (
+        (REAL, DEFAULT_DRIVER, "/var/lib/kubelet"),
+        (CUSTOM, "gpu.example.com", "/var/snap/k8s/kubelet"),
+    ):
+        c = _plugin(_render(helm, *values))["c"]
+        probe = c["livenessProbe"]
+        command = probe["exec"]["command"]
+        assert command == [
+            "dra-driver",
+            "probe",
+            f"--driver={driver}",
+            f"--plugin-dir={kubelet_dir}/plugins/{driver}",
+            f"--registry-dir={kubelet_dir}/plugins_registry",
+        ]
+        assert command[2:] == [
+            a for a in c["args"] if a.split("=")[0] in ("--driver", "--plugin-dir", "--registry-dir")
+        ]
+        args = build_parser().parse_args(command[1:])  # the CLI takes it
+        assert args.func.__name__ == "cmd_probe"
+        assert probe["periodSeconds"] >= 10 and probe["failureThreshold"] >= 3 and probe["initialDelaySeconds"] > 0
+        assert probe["timeoutSeconds"] > 1 + 2 * args.timeout  # interpreter start, then both sockets
+    tuned = _render(helm, "--set", "livenessProbe.periodSeconds=60", "--set", "livenessProbe.failureThreshold=5")
+    assert {k: _plugin(tuned)["c"]["livenessProbe"][k] for k in ("periodSeconds", "failureThreshold")} == {
+        "periodSeconds": 60,
+        "failureThreshold": 5,
+    }
+    assert "livenessProbe" not in _plugin(_render(helm, "--set", "livenessProbe.enabled=false"))["c"]
 
 
 def _node_rules(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -74,6 +74,12 @@ def test_service_account_publishes_only_its_own_node(control_plane, tmp_path: Pa
     with pytest.raises(ApiException) as delete_denied:
         objects.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", admin_slice["metadata"]["name"])
     assert delete_denied.value.status == 403
+    foreign_pool = Desired("dgx-a100", "rbac-b", tmp_path / "d")(1, None)[0].to_api()
+    foreign_pool["metadata"]["name"] = "rbac-a-claims-rbac-b"
+    foreign_pool["spec"]["nodeName"] = "rbac-a"  # on its own node, but node rbac-b's pool
+    with pytest.raises(ApiException) as pool_denied:
+        objects.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", foreign_pool)
+    assert pool_denied.value.status == 403 and "may only write the pool rbac-a, not rbac-b" in pool_denied.value.body
     with pytest.raises(ApiException) as secrets:
         client.CoreV1Api(api).list_namespaced_secret("dra-driver")
     assert secrets.value.status == 403  # RBAC: nothing beyond what the role grants
@@ -142,6 +148,113 @@ def test_service_account_writes_device_health_only_of_its_own_nodes_claims(contr
         message = json.loads(binding.value.body)["message"]
         assert binding.value.status == 422 and 'requires resource="resourceclaims/binding"' in message
         assert "reservedFor" not in cp.kubectl_json("get", "resourceclaim", own["metadata"]["name"])["status"]
+    finally:
+        for c in (own, other):
+            cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+
+
+def test_claim_status_policy_confines_status_writes_without_granular_authorization(ungranular_status_cluster) -> None:
+    """Kubernetes 1.34 and 1.35 authorize a claim status write with `patch` on resourceclaims/status alone, for
+    every field of every claim; the admission policy of deploy/rbac.yaml confines the daemon of node A to the
+    status.devices entries of this driver and pool A, in claims allocated devices of that pool."""
+    from kubernetes import client
+
+    from dra_driver.health.claim_status import FIELD_MANAGER
+    from dra_driver.plugin.claims import KubeClaimSource
+    from tests.plugin_helpers import claim
+    from tests.polling import wait_until
+    from tests.test_plugin_apiserver import _create
+
+    cp = ungranular_status_cluster
+    cp.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
+    node_a, node_b = "legacy-a", "legacy-b"
+    for node in (node_a, node_b):
+        cp.create_node(node)
+    api = _token_client(cp, _bound_token(cp, "daemon-legacy-a", node_a))
+    claims, resource = KubeClaimSource(api), client.ResourceV1Api(api)
+    nic = {"driver": "nic.example.com", "pool": node_a, "device": "nic-0", "data": {"mac": "02:00:00:00:00:01"}}
+
+    def allocated(node: str) -> dict[str, Any]:
+        """Allocated on `node`: gpu-0 of this driver; nic-0 and nic-1 of another driver, which wrote nic-0's entry."""
+        c = claim(["gpu-0", "nic-0", "nic-1"], pool=node)
+        for result in c["status"]["allocation"]["devices"]["results"][1:]:
+            result["driver"] = "nic.example.com"
+        c["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}  # fmt: skip
+        c["status"]["devices"] = [{**nic, "pool": node}]
+        return _create(cp, c)
+
+    def body(c: dict[str, Any], node: str, driver: str = DEFAULT_DRIVER_NAME, device: str = "gpu-0") -> dict[str, Any]:
+        condition = {"type": "DeviceHealthy", "status": "False", "reason": "XID", "message": "XID 79",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
+        m = c["metadata"]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": m["name"], "namespace": m["namespace"], "uid": m["uid"]},
+                "status": {"devices": [{"driver": driver, "pool": node, "device": device,
+                                        "conditions": [condition]}]}}  # fmt: skip
+
+    def status(c: dict[str, Any]) -> dict[str, Any]:
+        return cp.kubectl_json("get", "resourceclaim", c["metadata"]["name"])["status"]  # type: ignore[no-any-return]
+
+    def forbidden(write: Any) -> str:
+        with pytest.raises(ApiException) as denied:
+            write()
+        assert denied.value.status == 403, denied.value.body
+        return str(json.loads(denied.value.body)["message"])
+
+    own, other = allocated(node_a), allocated(node_b)
+    try:
+        own_name, other_name = own["metadata"]["name"], other["metadata"]["name"]
+
+        def other_node_denied() -> bool:  # a dry run: no change while the new policy is not in force yet
+            try:
+                client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+                    "resource.k8s.io", "v1", "default", "resourceclaims", other_name, body(other, node_b),
+                    field_manager=FIELD_MANAGER, force=True, dry_run="All",
+                    _content_type="application/apply-patch+yaml",
+                )  # fmt: skip
+            except ApiException as e:
+                if e.status != 403:
+                    raise
+                return True
+            return False
+
+        wait_until("the claim status policy denies another node's claim", other_node_denied)
+        before = status(own)
+        claims.apply_claim_status("default", own_name, body(own, node_a), FIELD_MANAGER)  # its own entry: allowed
+        after = status(own)
+        assert {(d["driver"], d["device"]): d.get("conditions") or [] for d in after["devices"]} == {
+            (DEFAULT_DRIVER_NAME, "gpu-0"): body(own, node_a)["status"]["devices"][0]["conditions"],
+            ("nic.example.com", "nic-0"): [],
+        }
+        assert after["allocation"] == before["allocation"] and [d for d in after["devices"] if d["device"] == "nic-0"]
+
+        message = forbidden(
+            lambda: claims.apply_claim_status("default", other_name, body(other, node_b), FIELD_MANAGER)
+        )
+        assert f"claims allocated devices of {DEFAULT_DRIVER_NAME} on node {node_a}" in message, message
+        for write in (  # another driver's entries: one added, one changed, one removed
+            lambda: claims.apply_claim_status("default", own_name, body(own, node_a, "nic.example.com", "nic-1"), "x"),
+            lambda: claims.apply_claim_status("default", own_name, body(own, node_a, "nic.example.com", "nic-0"), "x"),
+            lambda: resource.patch_namespaced_resource_claim_status(
+                own_name, "default", {"status": {"devices": [d for d in after["devices"] if d["device"] == "gpu-0"]}}
+            ),
+        ):
+            message = forbidden(write)
+            assert f"only change status.devices entries of driver {DEFAULT_DRIVER_NAME} and pool {node_a}" in message
+        reservation = {"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}}
+        message = forbidden(lambda: resource.patch_namespaced_resource_claim_status(own_name, "default", reservation))
+        assert "may not change status.reservedFor" in message, message
+        message = forbidden(  # deallocate it
+            lambda: resource.patch_namespaced_resource_claim_status(
+                own_name, "default", {"status": {"allocation": None}}
+            )
+        )
+        assert "may not change status.allocation" in message, message
+        assert status(own) == after
+        assert [{k: v for k, v in d.items() if v is not None} for d in status(other)["devices"]] == [
+            {**nic, "pool": node_b}
+        ]
     finally:
         for c in (own, other):
             cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")

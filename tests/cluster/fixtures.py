@@ -33,7 +33,7 @@ def _uses(session: pytest.Session, fixture: str) -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     global _bin_dir, _unavailable
-    if not (_uses(session, "control_plane") or _uses(session, "queueing_cluster")):
+    if not any(_uses(session, f) for f in ("control_plane", "queueing_cluster", "ungranular_status_cluster")):
         return
     if not go_available():
         _unavailable = "no Go toolchain to build the control plane (and DRA_K8S_BIN_DIR is unset)"
@@ -73,6 +73,19 @@ def queueing_cluster() -> Iterator[ControlPlane]:
     webhooks must not outlive it in the shared one."""
     _require()
     cp = ControlPlane(bin_dir=_bin_dir, controllers=(*DEFAULT_CONTROLLERS, "job-controller"))
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def ungranular_status_cluster() -> Iterator[ControlPlane]:
+    """A control plane of its own with 1.36's granular ResourceClaim status authorization off, so claim status
+    writes are authorized as on Kubernetes 1.34 and 1.35: `patch` on resourceclaims/status, any field, any claim."""
+    _require()
+    cp = ControlPlane(bin_dir=_bin_dir, feature_gates={"DRAResourceClaimGranularStatusAuthorization": False})
     cp.start()
     try:
         yield cp
