@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -377,6 +377,17 @@ class ControlPlane:
         comp = self._component("kube-apiserver")
         comp.process.kill()
         comp.process.wait(timeout=10)
+
+    @contextlib.contextmanager
+    def apiserver_paused(self) -> Iterator[None]:
+        """kube-apiserver stopped with SIGSTOP (it still accepts connections, the kernel does that, and answers
+        nothing), continued on exit."""
+        process = self._component("kube-apiserver").process
+        process.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            process.send_signal(signal.SIGCONT)
 
     def start_apiserver(self, timeout: float = 60.0) -> None:
         """Start kube-apiserver again, same port and flags, and wait until it is ready."""
