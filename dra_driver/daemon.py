@@ -4,7 +4,8 @@ Runs until SIGTERM/SIGINT, then removes its sockets. GPUs are rediscovered perio
 should publish changes (a GPU appears or disappears, a UUID or driver version changes), the pool is republished.
 Device health (`dra_driver.health`): NVML events become device taints in the pool, the devices of prepared claims
 get a `DeviceHealthy` condition in the claims' status, and operators read and clear incidents through
-`<plugin dir>/health.sock` (`dra-driver health status|clear`). Every XID is counted in the GPU metrics.
+`<plugin dir>/health.sock` (`dra-driver health status|clear`), and the kubelet reads every published device's
+health from the plugin's `v1alpha1.DRAResourceHealth` stream. Every XID is counted in the GPU metrics.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dra_driver.nvml.source import NvmlSource
 from dra_driver.plugin.checkpoint import current_boot_id
 from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.plugin.grpc.resource_health import DeviceHealthSource, DeviceState, states_from_taints
 from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.slices.builder import build_slices
 from dra_driver.slices.model import DeviceTaint, ResourceSlice
@@ -106,10 +108,12 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
     label_node()
 
     # Device health: taints from NVML events (dra_driver.health); a change republishes the pool and rewrites the
-    # device status of the prepared claims it concerns. Every XID is counted in the telemetry.
+    # device status of the prepared claims it concerns, and the kubelet's health streams get a new device list.
+    # Every XID is counted in the telemetry.
     def health_changed() -> None:
         publisher.trigger()
         claim_status.trigger()
+        server.device_health_changed()
 
     health = HealthMonitor(
         source.lib,
@@ -145,9 +149,18 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
 
     desired(1, None)  # fail now, not in the background, if this node cannot be expressed in this version
     publisher = Publisher(api, node_name=settings.pool, driver=settings.driver, desired=desired)
+
+    def device_health() -> dict[str, DeviceState]:
+        return states_from_taints(driver.catalog, health.taints())
+
     # Prepares of different claims run in parallel: the driver serialises device changes itself.
     server = PluginServer(
-        driver, options.settings.driver, options.settings.plugin_dir, options.registry_dir, serialize=False
+        driver,
+        options.settings.driver,
+        options.settings.plugin_dir,
+        options.registry_dir,
+        serialize=False,
+        device_health=DeviceHealthSource(settings.pool, device_health),
     )
     if options.metrics_port is not None:
         serve_metrics(options.metrics_port, options.metrics_address)
@@ -169,6 +182,7 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         while not stop.wait(options.rediscover_seconds):
             if rediscover(driver, source):
                 publisher.trigger()
+                server.device_health_changed()  # the device list changed
                 label_node()
     finally:
         server.stop()

@@ -26,6 +26,17 @@ from tests.test_plugin_apiserver import _create
 from tests.test_publisher import pool, pool_complete
 
 NODE = "daemon-node"
+HEALTHY, UNHEALTHY = 1, 2  # v1alpha1.HealthStatus
+
+
+def next_health(stream: Any, device: str, wanted: int) -> dict[str, int]:
+    """Read the kubelet's health stream until `device` has the `wanted` status; the last list, {device: status}."""
+    for response in stream:
+        assert {d.device.pool_name for d in response.devices} == {NODE}
+        got = {d.device.device_name: d.health for d in response.devices}
+        if got.get(device) == wanted:
+            return got
+    raise AssertionError(f"the health stream ended before {device} was {wanted}")
 
 
 def device_taints(cp: Any, device: str) -> list[tuple[str, str]]:
@@ -63,7 +74,11 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         assert re.search(r'dra_driver_gpu_temperature_celsius\{[^}]*device="gpu-3"', metrics)  # GPU telemetry
         assert 'dra_driver_publish_total{result="published"}' in metrics
-        kubelet.register()
+        info = kubelet.register()
+        assert "v1alpha1.DRAResourceHealth" in info.supported_versions
+        health_stream = kubelet.watch_resources(timeout=120)  # as the kubelet does (ResourceHealthStatus, 1.36)
+        first = next_health(health_stream, "gpu-4", HEALTHY)
+        assert len(first) == 8 and set(first.values()) == {HEALTHY}
         cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                                                          "metadata": {"name": "daemon-gpu"},
                                                          "spec": GPU_CLASS["spec"]}))  # fmt: skip
@@ -81,6 +96,7 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
         sim.inject_event(4, pynvml.nvmlEventTypeXidCriticalError, xid=79)
         wait_for("gpu-4 tainted in the pool", lambda: device_taints(cp, "gpu-4") == [(f"{DRIVER}/xid", "79")])
         wait_for("claim's device unhealthy", lambda: claim_health(cp, c_ref.name) == ("False", "XID"))
+        assert next_health(health_stream, "gpu-4", UNHEALTHY)["gpu-3"] == HEALTHY
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         xid_series = rf'dra_driver_gpu_xid_errors_total\{{[^}}]*claim="{c_ref.name}"[^}}]*device="gpu-4"[^}}]*\}} 1.0'
         assert re.search(xid_series, metrics), metrics
@@ -92,6 +108,8 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
         assert clear.returncode == 0 and "gpu-4: cleared 1 incident(s)" in clear.stdout, clear
         wait_for("gpu-4 untainted", lambda: device_taints(cp, "gpu-4") == [])
         wait_for("claim's device healthy again", lambda: claim_health(cp, c_ref.name) == ("True", "Healthy"))
+        assert set(next_health(health_stream, "gpu-4", HEALTHY).values()) == {HEALTHY}
+        health_stream.cancel()
         assert kubelet.unprepare([c_ref]) == {c_ref.uid: ""}
 
         # An operator switches MIG on for GPU 0 and resets it: its partitions appear in the pool.

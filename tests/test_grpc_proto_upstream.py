@@ -30,6 +30,7 @@ UPSTREAM_FILES = {
     protos.DRA_V1_PROTO: "pkg/apis/dra/v1/api.proto",
     protos.DRA_V1BETA1_PROTO: "pkg/apis/dra/v1beta1/api.proto",
     protos.REGISTRATION_PROTO: "pkg/apis/pluginregistration/v1/api.proto",
+    protos.DRA_HEALTH_PROTO: "pkg/apis/dra-health/v1alpha1/api.proto",
 }
 GO_TIMEOUT_S = 300
 
@@ -200,6 +201,7 @@ def ours(rel: str) -> descriptor_pb2.FileDescriptorProto:
         protos.DRA_V1_PROTO: pb.dra_v1,
         protos.DRA_V1BETA1_PROTO: pb.dra_v1beta1,
         protos.REGISTRATION_PROTO: pb.registration,
+        protos.DRA_HEALTH_PROTO: pb.dra_health,
     }[rel]
     return descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from dra_driver.plugin.grpc import protos, rpc
+from dra_driver.plugin.grpc import protos, resource_health, rpc
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 
 KUBELET_CALL_TIMEOUT_S = 45.0  # defaultClientCallTimeout in the kubelet's DRA plugin client
@@ -240,6 +240,12 @@ class KubeletHarness:
         """NodeUnprepareResources, decoded: claim UID -> error ("" on success)."""
         response = self.unprepare_raw(claims, version, timeout)
         return {uid: entry.error for uid, entry in response.claims.items()}
+
+    def watch_resources(self, timeout: float | None = None) -> Any:
+        """Open the ``v1alpha1.DRAResourceHealth/NodeWatchResources`` stream on the DRA endpoint, as the kubelet does
+        (it opens one per plugin, without a deadline, whether or not the plugin lists the service). Returns an
+        iterator of NodeWatchResourcesResponse messages that is also a grpc.Call (``cancel()`` ends it)."""
+        return resource_health.watch_resources(self._channel(), timeout=timeout)
 
     def close(self) -> None:
         if self._dra_channel is not None:

@@ -41,7 +41,8 @@ DRA_V1_PROTO = "dra/v1/api.proto"
 DRA_V1BETA1_PROTO = "dra/v1beta1/api.proto"
 REGISTRATION_PROTO = "pluginregistration/v1/api.proto"
 HEALTH_PROTO = "health/v1/health.proto"
-PROTO_FILES: tuple[str, ...] = (DRA_V1_PROTO, DRA_V1BETA1_PROTO, REGISTRATION_PROTO, HEALTH_PROTO)
+DRA_HEALTH_PROTO = "dra-health/v1alpha1/api.proto"
+PROTO_FILES: tuple[str, ...] = (DRA_V1_PROTO, DRA_V1BETA1_PROTO, REGISTRATION_PROTO, HEALTH_PROTO, DRA_HEALTH_PROTO)
 
 _MODULE_PREFIX = "dra_driver.plugin.grpc._generated"
 _COMPLETE_MARKER = ".complete"
@@ -61,6 +62,7 @@ class Protos:
     dra_v1beta1: ModuleType
     registration: ModuleType
     health: ModuleType
+    dra_health: ModuleType  # v1alpha1.DRAResourceHealth
     stub_dir: Path  # where the generated files are
 
 
@@ -186,7 +188,8 @@ def _load_module(name: str, path: Path) -> ModuleType:
 
 
 def _pb2_path(stub_dir: Path, rel: str) -> Path:
-    return stub_dir / (rel.removesuffix(".proto") + "_pb2.py")
+    # protoc's Python generator writes '-' in a path as '_' (dra-health/... -> dra_health/...)
+    return stub_dir / (rel.removesuffix(".proto").replace("-", "_") + "_pb2.py")
 
 
 def load() -> Protos:
@@ -200,6 +203,7 @@ def load() -> Protos:
                 dra_v1beta1=_load_module("dra_v1beta1_api_pb2", _pb2_path(stub_dir, DRA_V1BETA1_PROTO)),
                 registration=_load_module("pluginregistration_v1_api_pb2", _pb2_path(stub_dir, REGISTRATION_PROTO)),
                 health=_load_module("health_v1_health_pb2", _pb2_path(stub_dir, HEALTH_PROTO)),
+                dra_health=_load_module("dra_health_v1alpha1_api_pb2", _pb2_path(stub_dir, DRA_HEALTH_PROTO)),
                 stub_dir=stub_dir,
             )
         return _loaded

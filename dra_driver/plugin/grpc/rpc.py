@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -13,6 +13,8 @@ from google.protobuf.message import Message
 
 # behaviour(request, context) -> response, as grpc's unary-unary handlers take them
 UnaryBehavior = Callable[[Any, grpc.ServicerContext], Message]
+# behaviour(request, context) -> responses, as grpc's unary-stream (server-streaming) handlers take them
+StreamBehavior = Callable[[Any, grpc.ServicerContext], Iterator[Message]]
 
 
 def service_descriptor(module: ModuleType, service: str) -> ServiceDescriptor:
@@ -33,9 +35,13 @@ def method_path(method: MethodDescriptor) -> str:
 
 
 def unary_handler(
-    sd: ServiceDescriptor, behaviors: Mapping[str, UnaryBehavior], service_name: str | None = None
+    sd: ServiceDescriptor,
+    behaviors: Mapping[str, UnaryBehavior | StreamBehavior],
+    service_name: str | None = None,
 ) -> grpc.GenericRpcHandler:
-    """A generic handler serving every method of ``sd`` with the given unary-unary behaviours.
+    """A generic handler serving every method of ``sd`` with the given behaviours: unary-unary ones, or, for a
+    server-streaming method (``returns (stream ...)``), unary-stream ones returning an iterator of responses.
+    Client-streaming methods are not supported.
 
     ``service_name`` overrides the name the service is served under (default: its full name).
     """
@@ -43,9 +49,12 @@ def unary_handler(
     for method in sd.methods:
         if method.name not in behaviors:
             raise ValueError(f"no behaviour for {sd.full_name}.{method.name}")
+        if method.client_streaming:
+            raise ValueError(f"{sd.full_name}.{method.name} is client-streaming, which is not supported")
         request_cls = message_factory.GetMessageClass(method.input_type)
         response_cls = message_factory.GetMessageClass(method.output_type)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
             behaviors[method.name],
             request_deserializer=request_cls.FromString,
             response_serializer=response_cls.SerializeToString,
@@ -59,6 +68,20 @@ def unary_call(channel: grpc.Channel, sd: ServiceDescriptor, method: str) -> grp
     request_cls = message_factory.GetMessageClass(md.input_type)
     response_cls = message_factory.GetMessageClass(md.output_type)
     return channel.unary_unary(
+        method_path(md),
+        request_serializer=request_cls.SerializeToString,
+        response_deserializer=response_cls.FromString,
+    )
+
+
+def stream_call(channel: grpc.Channel, sd: ServiceDescriptor, method: str) -> grpc.UnaryStreamMultiCallable:
+    """A client callable for one server-streaming (unary-stream) method of ``sd``."""
+    md = sd.methods_by_name[method]
+    if not md.server_streaming or md.client_streaming:
+        raise ValueError(f"{sd.full_name}.{method} is not a server-streaming method")
+    request_cls = message_factory.GetMessageClass(md.input_type)
+    response_cls = message_factory.GetMessageClass(md.output_type)
+    return channel.unary_stream(
         method_path(md),
         request_serializer=request_cls.SerializeToString,
         response_deserializer=response_cls.FromString,

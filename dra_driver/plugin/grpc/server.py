@@ -7,9 +7,11 @@ Layout (defaults of the Go kubeletplugin helper):
 - registration: ``<registry_dir>/<driver>-reg.sock`` (registry_dir is usually ``/var/lib/kubelet/plugins_registry``,
   which the kubelet watches).
 
-Both servers also serve the standard ``grpc.health.v1.Health`` service. :meth:`PluginServer.start` starts the DRA
-server first and the registrar last, so the kubelet never learns of an endpoint that is not there yet;
-:meth:`PluginServer.stop` stops them in the reverse order and removes the socket files.
+Both servers also serve the standard ``grpc.health.v1.Health`` service. Given a device-health source, the DRA server
+also serves the kubelet's ``v1alpha1.DRAResourceHealth`` (:mod:`.resource_health`), and the registration advertises
+it. :meth:`PluginServer.start` starts the DRA server first and the registrar last, so the kubelet never learns of an
+endpoint that is not there yet; :meth:`PluginServer.stop` stops them in the reverse order and removes the socket
+files.
 
 Two instances may serve the same paths for a while (a rolling update with surge): each socket is bound under a
 temporary name and renamed into place, so the newer instance atomically takes the path over, and an instance only
@@ -34,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.plugin.grpc import health, protos
 from dra_driver.plugin.grpc.metrics import PluginMetrics
+from dra_driver.plugin.grpc.resource_health import DEFAULT_MAX_STREAMS, DeviceHealthSource, ResourceHealthServicer
 from dra_driver.plugin.grpc.service import DRA_SERVICE, REGISTRATION_SERVICE, DRAService, RegistrationService
 from dra_driver.plugin.grpc.service import RegistrationStatus as RegistrationStatus
 from dra_driver.plugin.types import ClaimPreparer
@@ -110,7 +113,10 @@ class PluginServer:
     ``on_registration`` is called with every status the kubelet reports.
     At most ``max_workers - RESERVED_WORKERS`` prepare calls run at once (at least one): more are refused at once
     (waiting would hold a thread too), so that prepares stalled on the API server never leave an unprepare without a
-    thread. Every ``socket_check_interval_s`` (None: never) a socket file that is gone is bound again (the kubelet
+    thread. ``device_health`` (None: not served) is what ``v1alpha1.DRAResourceHealth`` streams to the kubelet; call
+    :meth:`device_health_changed` when it changes. At most ``max_health_streams`` streams are served at once, and as
+    each holds a server thread for its life, that many more threads are kept from the prepares. Every
+    ``socket_check_interval_s`` (None: never) a socket file that is gone is bound again (the kubelet
     registers the plugin again when the registration socket reappears).
     """
 
@@ -130,6 +136,8 @@ class PluginServer:
         grace_period_s: float = 5.0,
         on_registration: Callable[[RegistrationStatus], None] | None = None,
         socket_check_interval_s: float | None = DEFAULT_SOCKET_CHECK_INTERVAL_S,
+        device_health: DeviceHealthSource | None = None,
+        max_health_streams: int = DEFAULT_MAX_STREAMS,
     ) -> None:
         if not driver_name:
             raise ValueError("driver_name is required")
@@ -155,15 +163,25 @@ class PluginServer:
         self._socket_check_interval_s = socket_check_interval_s
         self._metrics = PluginMetrics.for_registry(metrics_registry)
         pb = protos.load()
+        self._resource_health = (
+            ResourceHealthServicer(device_health, max_streams=max_health_streams) if device_health is not None else None
+        )
+        # every open health stream holds a server thread: keep those out of the prepares' share too
+        stream_workers = self._resource_health.max_streams if self._resource_health is not None else 0
         self._dra = DRAService(
-            preparer, self._metrics, serialize=serialize, max_concurrent_prepares=max(1, max_workers - RESERVED_WORKERS)
+            preparer,
+            self._metrics,
+            serialize=serialize,
+            max_concurrent_prepares=max(1, max_workers - RESERVED_WORKERS - stream_workers),
         )
         self._dra_modules = (pb.dra_v1, pb.dra_v1beta1)
         self._registration = RegistrationService(
             pb.registration,
             driver_name,
             str(self._dra_socket),
-            list(SUPPORTED_VERSIONS),
+            # like the Go helper: the optional health service is listed too (the kubelet ignores names it does not
+            # know, and calls NodeWatchResources whether listed or not)
+            [*SUPPORTED_VERSIONS, *([self._resource_health.service_name] if self._resource_health else [])],
             self._metrics,
             on_status=on_registration,
         )
@@ -172,6 +190,7 @@ class PluginServer:
             "",
             *(f"{m.DESCRIPTOR.package}.{DRA_SERVICE}" for m in self._dra_modules),
             f"{pb.registration.DESCRIPTOR.package}.{REGISTRATION_SERVICE}",
+            *([self._resource_health.service_name] if self._resource_health else []),
         ]
         self._lock = threading.Lock()
         self._dra_server: grpc.Server | None = None
@@ -204,6 +223,16 @@ class PluginServer:
     @property
     def health(self) -> health.HealthServicer:
         return self._health
+
+    @property
+    def resource_health(self) -> ResourceHealthServicer | None:
+        """The ``v1alpha1.DRAResourceHealth`` servicer; None without a device-health source."""
+        return self._resource_health
+
+    def device_health_changed(self) -> None:
+        """Device health changed: the open NodeWatchResources streams send a new list. Safe from any thread."""
+        if self._resource_health is not None:
+            self._resource_health.notify()
 
     @property
     def registration_status(self) -> RegistrationStatus | None:
@@ -266,6 +295,9 @@ class PluginServer:
                 self._health.set(name, health.SERVING)
             health_handler = self._health.handler()
             dra_handlers = [self._dra.handler(m) for m in self._dra_modules]
+            if self._resource_health is not None:
+                self._resource_health.start()
+                dra_handlers.append(self._resource_health.handler())
             self._dra_server = self._serve(self._dra_socket, [*dra_handlers, health_handler], "dra")
             try:
                 self._reg_server = self._serve(
@@ -296,6 +328,8 @@ class PluginServer:
 
     def _stop_locked(self, grace: float) -> None:
         self._health.enter_graceful_shutdown()
+        if self._resource_health is not None:
+            self._resource_health.stop()  # its streams would otherwise hold the server for the whole grace period
         for server, path in ((self._reg_server, self._reg_socket), (self._dra_server, self._dra_socket)):
             if server is not None:
                 server.stop(grace).wait()
