@@ -48,7 +48,7 @@ from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEn
 from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
 from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
-from dra_driver.plugin.types import DEADLINE_MARGIN_S, ClaimRef, PreparedDevice, PrepareResult
+from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult, time_left
 from dra_driver.sharing import CommandRunner, SharingError, SharingManager, Target, default_runner, with_edits
 from dra_driver.slices.devices import PublishMode
 
@@ -63,10 +63,6 @@ class LockTimeout(PrepareError):
     """The node's device lock could not be had before the caller's deadline; nothing was changed."""
 
 
-def _left(deadline: float) -> float:
-    return deadline - time.monotonic() - DEADLINE_MARGIN_S
-
-
 def _flock(fd: int, deadline: float | None) -> None:
     """Exclusive flock, polled so that the wait ends at `deadline` (another process may hold it for long)."""
     if deadline is None:
@@ -77,7 +73,7 @@ def _flock(fd: int, deadline: float | None) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if _left(deadline) <= 0:
+            if time_left(deadline) <= 0:
                 raise LockTimeout(
                     "deadline exceeded waiting for the node's device lock (held by another plugin process)"
                 ) from None
@@ -151,7 +147,7 @@ class Driver:
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         with open(fd, "r+") as f:
             os.fchmod(f.fileno(), 0o600)  # an older driver created it 0644
-            if not self._thread_lock.acquire(timeout=-1 if deadline is None else max(0.0, _left(deadline))):
+            if not self._thread_lock.acquire(timeout=-1 if deadline is None else max(0.0, time_left(deadline))):
                 raise LockTimeout("deadline exceeded waiting for another prepare or unprepare on this node")
             try:
                 _flock(f.fileno(), deadline)
@@ -438,14 +434,13 @@ class Driver:
                 if d.released or d.admin_access:  # admin access never destroys the partition it shares
                     d.released = True
                     continue
+                destroyed = False  # a whole GPU, or a MIG device already gone
                 if d.mig is not None:
-                    gone = not destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
+                    destroyed = destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
                 elif cat is not None and cat.profile is not None and cat.placement_start is not None:
                     # crashed before its ids were recorded: find it by profile and placement
-                    gone = not destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start, others)
-                else:
-                    gone = False  # a whole GPU: nothing to destroy
-                if not gone:
+                    destroyed = destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start, others)
+                if destroyed:
                     crashpoints.reached("unprepare.mig-destroyed")
                 d.released = True
         finally:
