@@ -38,7 +38,7 @@ class FakePreparer:
         self.prepared: list[list[ClaimRef]] = []
         self.unprepared: list[list[ClaimRef]] = []
 
-    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+    def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
         self.prepared.append(list(claims))
         if self.prepare_error is not None:
             raise self.prepare_error

@@ -205,7 +205,7 @@ def test_prepares_and_unprepares_work_while_streams_are_open(short_dir: Path, de
     started: list[ClaimRef] = []
 
     class Slow(FakePreparer):
-        def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
             started.extend(claims)
             release.wait(10)
             return super().prepare(claims)

@@ -7,7 +7,6 @@ validated these objects, and newer API versions add fields.
 from __future__ import annotations
 
 import copy
-import time
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -17,7 +16,7 @@ from urllib3.connectionpool import ConnectionPool
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 from urllib3.util.retry import Retry
 
-from dra_driver.plugin.types import DEADLINE_MARGIN_S
+from dra_driver.plugin.types import time_left
 
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 API_TIMEOUT_S = 10.0  # the longest one API read of a prepare may take, deadline or not
@@ -28,7 +27,7 @@ def read_timeout(deadline: float | None, limit: float = API_TIMEOUT_S) -> float:
     time.monotonic() value; None: no deadline). Zero or less: no time is left for a read."""
     if deadline is None:
         return limit
-    return min(limit, deadline - time.monotonic() - DEADLINE_MARGIN_S)
+    return min(limit, time_left(deadline))
 
 
 class _Api(BaseModel):

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 DEADLINE_MARGIN_S = 0.5  # give up this long before the caller's deadline, so that the answer still reaches it
+
+
+def time_left(deadline: float) -> float:
+    """Seconds left for work before `deadline` (a time.monotonic() value), the margin kept for the answer."""
+    return deadline - time.monotonic() - DEADLINE_MARGIN_S
 
 
 class ClaimRef(BaseModel):
@@ -40,7 +46,7 @@ class ClaimPreparer(Protocol):
 
     def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
         """`deadline`: when the caller gives up, a time.monotonic() value (None: no deadline); a claim that cannot
-        be prepared by then should get an error. Preparers without this parameter are called without it."""
+        be prepared by then should get an error."""
         ...
 
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:

@@ -199,7 +199,7 @@ class ResourceHealthServicer:
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to the DRA server."""
-        return rpc.unary_handler(rpc.service_descriptor(self._pb, SERVICE), {METHOD: self.watch})
+        return rpc.service_handler(rpc.service_descriptor(self._pb, SERVICE), {METHOD: self.watch})
 
 
 def watch_resources(channel: grpc.Channel, timeout: float | None = None) -> Any:

@@ -34,7 +34,7 @@ def method_path(method: MethodDescriptor) -> str:
     return f"/{method.containing_service.full_name}/{method.name}"
 
 
-def unary_handler(
+def service_handler(
     sd: ServiceDescriptor,
     behaviors: Mapping[str, UnaryBehavior | StreamBehavior],
     service_name: str | None = None,
@@ -62,16 +62,17 @@ def unary_handler(
     return grpc.method_handlers_generic_handler(service_name or sd.full_name, handlers)
 
 
+def _client_codec(md: MethodDescriptor) -> dict[str, Any]:
+    """The (de)serializers a client callable of ``md`` needs."""
+    request_cls = message_factory.GetMessageClass(md.input_type)
+    response_cls = message_factory.GetMessageClass(md.output_type)
+    return {"request_serializer": request_cls.SerializeToString, "response_deserializer": response_cls.FromString}
+
+
 def unary_call(channel: grpc.Channel, sd: ServiceDescriptor, method: str) -> grpc.UnaryUnaryMultiCallable:
     """A client callable for one unary-unary method of ``sd``."""
     md = sd.methods_by_name[method]
-    request_cls = message_factory.GetMessageClass(md.input_type)
-    response_cls = message_factory.GetMessageClass(md.output_type)
-    return channel.unary_unary(
-        method_path(md),
-        request_serializer=request_cls.SerializeToString,
-        response_deserializer=response_cls.FromString,
-    )
+    return channel.unary_unary(method_path(md), **_client_codec(md))
 
 
 def stream_call(channel: grpc.Channel, sd: ServiceDescriptor, method: str) -> grpc.UnaryStreamMultiCallable:
@@ -79,10 +80,4 @@ def stream_call(channel: grpc.Channel, sd: ServiceDescriptor, method: str) -> gr
     md = sd.methods_by_name[method]
     if not md.server_streaming or md.client_streaming:
         raise ValueError(f"{sd.full_name}.{method} is not a server-streaming method")
-    request_cls = message_factory.GetMessageClass(md.input_type)
-    response_cls = message_factory.GetMessageClass(md.output_type)
-    return channel.unary_stream(
-        method_path(md),
-        request_serializer=request_cls.SerializeToString,
-        response_deserializer=response_cls.FromString,
-    )
+    return channel.unary_stream(method_path(md), **_client_codec(md))

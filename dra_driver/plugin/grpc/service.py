@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
 import threading
 import time
@@ -37,7 +36,7 @@ from dra_driver.plugin.grpc.metrics import (
     RESULT_RPC_ERROR,
     PluginMetrics,
 )
-from dra_driver.plugin.types import DEADLINE_MARGIN_S, ClaimPreparer, ClaimRef, PrepareResult
+from dra_driver.plugin.types import ClaimPreparer, ClaimRef, PrepareResult, time_left
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,15 +63,6 @@ def call_deadline(context: grpc.ServicerContext) -> float | None:
     if remaining is None or remaining > _NO_DEADLINE_S:
         return None
     return time.monotonic() + remaining
-
-
-def _takes_deadline(fn: Callable[..., object]) -> bool:
-    """Whether a preparer's prepare() has the `deadline` parameter (older preparers do not)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "deadline" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 @contextlib.contextmanager
@@ -114,7 +104,6 @@ class DRAService:
         self._lock = threading.Lock() if serialize else None
         self._max_prepares = max_concurrent_prepares
         self._prepare_slots = threading.BoundedSemaphore(max_concurrent_prepares) if max_concurrent_prepares else None
-        self._prepare_takes_deadline = _takes_deadline(preparer.prepare)
 
     @staticmethod
     def _claims(request: Any) -> list[ClaimRef]:
@@ -136,7 +125,7 @@ class DRAService:
         deadline: float | None = None,
     ) -> tuple[T | None, str]:
         """The preparer's answer, or the failure text every claim gets when it raised (never a crashed RPC)."""
-        wait_s = -1.0 if deadline is None else max(0.0, deadline - DEADLINE_MARGIN_S - time.monotonic())
+        wait_s = -1.0 if deadline is None else max(0.0, time_left(deadline))
         if self._lock is not None and not self._lock.acquire(timeout=wait_s):
             self._metrics.error(method, ERROR_DEADLINE, len(claims))
             return None, f"{verb} not started: deadline exceeded waiting for another prepare or unprepare to finish"
@@ -160,10 +149,8 @@ class DRAService:
                 "for unprepares (the kubelet retries)"
             )
         try:
-            fn: Callable[[list[ClaimRef]], dict[str, PrepareResult]] = self._preparer.prepare
-            if self._prepare_takes_deadline:
-                fn = functools.partial(self._preparer.prepare, deadline=deadline)
-            return self._call(method, "prepare", fn, claims, deadline)
+            prepare = functools.partial(self._preparer.prepare, deadline=deadline)
+            return self._call(method, "prepare", prepare, claims, deadline)
         finally:
             if self._prepare_slots is not None:
                 self._prepare_slots.release()
@@ -250,7 +237,7 @@ class DRAService:
 
     def handler(self, pb: ModuleType) -> grpc.GenericRpcHandler:
         """The generic handler serving ``pb``'s DRAPlugin service (one per API version)."""
-        return rpc.unary_handler(
+        return rpc.service_handler(
             rpc.service_descriptor(pb, DRA_SERVICE),
             {
                 "NodePrepareResources": self._behavior("NodePrepareResources", pb, self.prepare),
@@ -351,7 +338,7 @@ class RegistrationService:
             return response
 
     def handler(self) -> grpc.GenericRpcHandler:
-        return rpc.unary_handler(
+        return rpc.service_handler(
             rpc.service_descriptor(self._pb, REGISTRATION_SERVICE),
             {"GetInfo": self.get_info, "NotifyRegistrationStatus": self.notify_registration_status},
         )
