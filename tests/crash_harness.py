@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -44,6 +45,7 @@ import grpc
 import pynvml
 
 from dra_driver.plugin import crashpoints
+from dra_driver.plugin.grpc.server import socket_id
 from dra_driver.plugin.types import ClaimRef, PrepareResult
 from dra_driver.sharing.simulated import SimulatedRunner
 from dra_driver.simulator.nvml import SimulatedNvml
@@ -226,14 +228,6 @@ class DaemonDied(RuntimeError):
     """The daemon went away during a call (the kill the trial asked for, or a crash)."""
 
 
-def _sock_id(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-
-
 class DaemonNode:
     """One simulated node and its daemon process, restarted at will. Every daemon traces the steps it reaches to
     its own file; `starts` counts the processes started."""
@@ -293,7 +287,7 @@ class DaemonNode:
         if crash_at:
             env[crashpoints.CRASH_AT_ENV] = crash_at
         self.crash_at = crash_at
-        stale = _sock_id(self.reg_socket)
+        stale = socket_id(self.reg_socket)
         began = time.monotonic()
         if self.zygote is not None:
             self.proc = self.zygote.spawn(self.arguments(), env, self.log, self.driver_root)
@@ -308,7 +302,7 @@ class DaemonNode:
                 if expect_death:
                     return False
                 raise RuntimeError(f"daemon exited with {self.proc.returncode} at start:\n{self.log_tail()}")
-            current = _sock_id(self.reg_socket)
+            current = socket_id(self.reg_socket)
             if current is not None and current != stale:
                 break
             if time.monotonic() > deadline:
@@ -950,8 +944,8 @@ def summary_table(reports: Sequence[ScenarioReport], nodes: Sequence[DaemonNode]
         "killed: trials whose daemon died at its step; seconds: wall time (scenarios run in parallel)"
     )
     lines.append("steps not reached by any scenario: " + (", ".join(missing) if missing else "none"))
-    starts = [t for n in nodes for t in n.start_seconds]
-    lines.append(f"daemon starts: {sum(n.starts for n in nodes)}, median time to serve {_median(starts):.2f} s")
+    serve = statistics.median([t for n in nodes for t in n.start_seconds] or [0.0])
+    lines.append(f"daemon starts: {sum(n.starts for n in nodes)}, median time to serve {serve:.2f} s")
     if failures:
         lines.append(f"failures ({len(failures)}):")
         lines.extend(f"  {f}" for f in failures)
@@ -1035,11 +1029,6 @@ def format_table(rows: Sequence[Sequence[str]], *, total: bool = False) -> list[
     if total:
         lines.insert(len(lines) - 1, rule)
     return lines
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else 0.0
 
 
 def crash_points_wired() -> bool:
