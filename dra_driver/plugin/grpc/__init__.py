@@ -1,6 +1,6 @@
 """Kubelet-facing gRPC layer of the DRA plugin: DRA node service (v1, v1beta1), registration, health, metrics.
 
-The protobuf message modules are generated from ``proto/`` on first use (see :mod:`.protos`).
+The protobuf message modules are generated from ``proto/`` at build time (see :mod:`.protos`).
 """
 
 from __future__ import annotations
