@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl)
-# from the official Go modules pinned in tools/k8sbins/go.mod.
+# Build the test cluster's Kubernetes binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+# and the real test node's kubelet) from the official Go modules pinned in tools/k8sbins/go.mod.
 #
 # Everything lands outside the repository, keyed by version:
 #   ${DRA_K8S_CACHE:-$HOME/.cache/dra-driver/k8s}/<k8s-version>/bin/   the binaries
@@ -19,7 +19,7 @@ set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 module_dir="$repo_root/tools/k8sbins"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
 log() { printf '%s\n' "build-control-plane: $*" >&2; }
 
@@ -119,7 +119,7 @@ if [[ "${DRA_K8S_BUILD_SERIAL:-0}" == 1 ]]; then
         "$go_cmd" build -trimpath -ldflags "$ldflags" -o "$tmp_bin/$b" "./cmd/$b" >&2
     done
 else
-    # One go invocation shares the compile of the common packages between the five binaries.
+    # One go invocation shares the compile of the common packages between the binaries.
     "$go_cmd" build -trimpath -ldflags "$ldflags" -o "$tmp_bin/" "${binaries[@]/#/./cmd/}" >&2
 fi
 
