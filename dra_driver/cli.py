@@ -27,6 +27,7 @@ from dra_driver.slices.model import ResourceSlice
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
 HEALTH_SOCKET_ENV = "DRA_DRIVER_HEALTH_SOCKET"  # `health --socket` default, for a daemon with another --plugin-dir
+POD_UID_ENV = "POD_UID"  # `plugin --pod-uid` and `probe --pod-uid` default (the Helm chart sets it: metadata.uid)
 
 
 def _add_nvml_args(p: argparse.ArgumentParser) -> None:
@@ -133,10 +134,20 @@ def _xid_list(text: str) -> frozenset[int]:
     return xids
 
 
+def _add_pod_uid_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--pod-uid",
+        default=os.environ.get(POD_UID_ENV, ""),
+        help=f"{what} (default: ${POD_UID_ENV}); empty: dra.sock and <driver>-reg.sock",
+    )
+
+
 def cmd_plugin(args: argparse.Namespace) -> int:
     from dra_driver.daemon import DaemonOptions, run
     from dra_driver.plugin.driver import PluginSettings
+    from dra_driver.plugin.grpc.server import check_pod_uid
 
+    check_pod_uid(args.pod_uid)  # before discovery and recovery, not after
     settings = PluginSettings(
         driver=args.driver,
         pool=args.node_name,
@@ -155,6 +166,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         args.node_labels,
         args.ignored_xids,
         metrics_address=args.metrics_address,
+        pod_uid=args.pod_uid,
     )
     run(options, open_source(args.sim, args.sim_state, args.sysfs_root, args.proc_root))
     return 0
@@ -225,7 +237,8 @@ def cmd_health_clear(args: argparse.Namespace) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     from dra_driver.plugin.grpc.probe import plugin_sockets, probe
 
-    sockets = plugin_sockets(args.driver, args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver, args.registry_dir)
+    plugin_dir = args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver
+    sockets = plugin_sockets(args.driver, plugin_dir, args.registry_dir, args.pod_uid)
     results = probe(sockets, args.timeout)
     for r in results:
         print(r if r.ok else f"dra-driver: error: {r}", file=sys.stdout if r.ok else sys.stderr)
@@ -258,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin-dir", type=Path, help="default /var/lib/kubelet/plugins/<driver>")
     plugin.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
+    _add_pod_uid_arg(
+        plugin,
+        "this pod's UID, put in the kubelet socket names (dra-<uid>.sock, <driver>-<uid>-reg.sock) so that the old "
+        "and the new pod of a rolling update serve side by side (kubelets 1.33 and later)",
+    )
     plugin.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     plugin.add_argument(
         "--metrics-address",
@@ -313,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plugin-dir", type=Path, help="as given to `plugin` (default /var/lib/kubelet/plugins/<driver>)"
     )
     probe.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
+    _add_pod_uid_arg(probe, "as given to `plugin`: check the sockets of the plugin with this pod UID")
     probe.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each socket's answer")
     probe.set_defaults(func=cmd_probe)
 

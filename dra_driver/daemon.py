@@ -53,6 +53,7 @@ class DaemonOptions:
     node_labels: bool = False  # label the Node with GPU facts (needs `patch` on nodes; not in deploy/rbac.yaml)
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS  # XIDs counted in the metrics but never tainting
     metrics_address: str = "127.0.0.1"  # the endpoint has no authentication: loopback unless asked otherwise
+    pod_uid: str = ""  # in the kubelet socket names, for rolling updates with surge ("": dra.sock, <driver>-reg.sock)
 
 
 def serve_metrics(port: int, address: str) -> WSGIServer:
@@ -159,6 +160,7 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         options.settings.driver,
         options.settings.plugin_dir,
         options.registry_dir,
+        pod_uid=options.pod_uid,
         serialize=False,
         device_health=DeviceHealthSource(settings.pool, device_health),
     )

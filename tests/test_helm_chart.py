@@ -43,7 +43,28 @@ CUSTOM = (
     "kubeletDir=/var/snap/k8s/kubelet",
 )
 NODE_LABELS = ("--set", "nodeLabels.enabled=true")
-VALUE_SETS = {"real": REAL, "simulator": SIMULATOR, "custom": CUSTOM, "node-labels": NODE_LABELS}
+API_SERVER_ENV = [
+    {"name": "KUBERNETES_SERVICE_HOST", "value": "api.example.com"},
+    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+]
+HOST_NETWORK = (  # a node without kube-proxy, whose kubelets predate per-pod socket names
+    "--set",
+    "hostNetwork=true",
+    "--set-json",
+    f"extraEnv={json.dumps(API_SERVER_ENV)}",
+    "--set",
+    "rollingUpdate.uniqueSockets=false",
+)
+VALUE_SETS = {
+    "real": REAL,
+    "simulator": SIMULATOR,
+    "custom": CUSTOM,
+    "node-labels": NODE_LABELS,
+    "host-network": HOST_NETWORK,
+}
+SURGE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+NO_SURGE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+POD_UID_ENV = {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
 GPU_TOLERATION = {"key": f"{DEFAULT_DRIVER}/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -118,11 +139,13 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
         "plugin",
         "--nvml",
         "--sysfs-root=/host/sys",
+        "--proc-root=/host/proc",
         "--node-name=$(NODE_NAME)",
         f"--driver={DEFAULT_DRIVER}",
         "--mode=partitionable",
         f"--plugin-dir=/var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
         "--registry-dir=/var/lib/kubelet/plugins_registry",
+        "--pod-uid=$(POD_UID)",
         "--cdi-root=/var/run/cdi",
         "--rediscover-seconds=60",
         "--ignored-xids=13,31,43,45,68,109",
@@ -165,6 +188,7 @@ def test_simulator_backend_is_unprivileged(helm: Helm) -> None:
         "--node-name=$(NODE_NAME)",
     ]
     assert "--nvml" not in c["args"]
+    assert not [a for a in c["args"] if a.startswith(("--proc-root", "--sysfs-root"))]  # the simulator has its own
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
@@ -297,8 +321,11 @@ def test_daemonset_tolerates_the_gpu_node_taint(helm: Helm) -> None:
     assert "tolerations" not in _plugin(_render(helm, "--set", "tolerateGpuTaint=false"))["pod"]
 
 
-def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(helm: Helm) -> None:
+def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(
+    helm: Helm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dra_driver.cli import build_parser
+    from dra_driver.plugin.grpc.probe import plugin_sockets
 
     for values, driver, kubelet_dir in (
         (REAL, DEFAULT_DRIVER, "/var/lib/kubelet"),
@@ -317,8 +344,17 @@ def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(helm: Helm)
         assert command[2:] == [
             a for a in c["args"] if a.split("=")[0] in ("--driver", "--plugin-dir", "--registry-dir")
         ]
+        # The probe finds this pod's sockets through $POD_UID, which the container has (the kubelet expands only
+        # literal env values in an exec probe's command: `--pod-uid=$(POD_UID)` would be `--pod-uid=`).
+        assert not [a for a in command if "$(" in a]
+        assert POD_UID_ENV in c["env"] and "--pod-uid=$(POD_UID)" in c["args"]
+        monkeypatch.setenv("POD_UID", "0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13")
         args = build_parser().parse_args(command[1:])  # the CLI takes it
-        assert args.func.__name__ == "cmd_probe"
+        assert args.func.__name__ == "cmd_probe" and args.pod_uid == "0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13"
+        assert [p.name for p in plugin_sockets(args.driver, args.plugin_dir, args.registry_dir, args.pod_uid)] == [
+            "dra-0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13.sock",
+            f"{driver}-0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13-reg.sock",
+        ]
         assert probe["periodSeconds"] >= 10 and probe["failureThreshold"] >= 3 and probe["initialDelaySeconds"] > 0
         assert probe["timeoutSeconds"] > 1 + 2 * args.timeout  # interpreter start, then both sockets
     tuned = _render(helm, "--set", "livenessProbe.periodSeconds=60", "--set", "livenessProbe.failureThreshold=5")
@@ -327,6 +363,114 @@ def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(helm: Helm)
         "failureThreshold": 5,
     }
     assert "livenessProbe" not in _plugin(_render(helm, "--set", "livenessProbe.enabled=false"))["c"]
+
+
+def _daemonset(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return _one(objs, "DaemonSet", FULLNAME)
+
+
+def test_unique_sockets_surge_and_their_opt_out(helm: Helm) -> None:
+    default = _render(helm)
+    c = _plugin(default)["c"]
+    assert POD_UID_ENV in c["env"]
+    args = c["args"]
+    assert args[args.index("--registry-dir=/var/lib/kubelet/plugins_registry") + 1] == "--pod-uid=$(POD_UID)"
+    assert _daemonset(default)["spec"]["updateStrategy"] == SURGE
+    assert _daemonset(_render(helm, *SIMULATOR))["spec"]["updateStrategy"] == SURGE
+
+    off = _render(helm, "--set", "rollingUpdate.uniqueSockets=false")
+    c = _plugin(off)["c"]
+    assert "POD_UID" not in {e["name"] for e in c["env"]}  # the CLI's default: none, the plain names
+    assert not [a for a in c["args"] + c["livenessProbe"]["exec"]["command"] if a.startswith("--pod-uid")]
+    assert _daemonset(off)["spec"]["updateStrategy"] == NO_SURGE
+
+    # a strategy of one's own replaces the default as a whole
+    for values, wanted in (
+        (("--set", "updateStrategy.type=OnDelete"), {"type": "OnDelete"}),
+        (
+            ("--set-json", 'updateStrategy={"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": 0}}'),
+            {"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": 0}},
+        ),
+        (
+            ("--set", "rollingUpdate.uniqueSockets=false", "--set-json", 'updateStrategy={"type": "OnDelete"}'),
+            {"type": "OnDelete"},
+        ),
+    ):
+        assert _daemonset(_render(helm, *values))["spec"]["updateStrategy"] == wanted, values
+
+
+def test_socket_paths_with_a_pod_uid_must_fit_a_unix_socket(helm: Helm) -> None:
+    from dra_driver.plugin.grpc.server import MAX_UNIX_PATH
+
+    microk8s = ("--set", "kubeletDir=/var/snap/microk8s/common/var/lib/kubelet")
+    proc = _run(helm, "template", RELEASE, str(CHART), *microk8s, check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert "dra-<uid>.sock has 114 bytes, more than the 107" in proc.stderr, proc.stderr
+    assert "set rollingUpdate.uniqueSockets=false" in proc.stderr
+    c = _plugin(_render(helm, *microk8s, "--set", "rollingUpdate.uniqueSockets=false"))["c"]
+    assert "--registry-dir=/var/snap/microk8s/common/var/lib/kubelet/plugins_registry" in c["args"]
+    # the chart's limit is the plugin's: the longest name that renders is the longest the plugin can bind
+    uid = "0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13"
+    for name_len, renders in ((27, True), (28, False)):  # /var/lib/kubelet/plugins_registry/<name>-<uid>-reg.sock
+        name = "g" * (name_len - 6) + ".ex.io"
+        proc = _run(helm, "template", RELEASE, str(CHART), "--set", f"driverName={name}", check=False)
+        assert (proc.returncode == 0) is renders, (name_len, proc.stderr)
+        longest = f"/var/lib/kubelet/plugins_registry/{name}-{uid}-reg.sock"
+        assert (len(longest) <= MAX_UNIX_PATH) is renders
+
+
+def test_proc_root_is_the_mounted_host_proc_for_the_real_backend(helm: Helm) -> None:
+    from dra_driver.cli import build_parser
+
+    p = _plugin(_render(helm, *REAL))
+    args = build_parser().parse_args(p["c"]["args"])
+    assert args.proc_root == Path(p["mounts"]["host-proc"]["mountPath"]) == Path("/host/proc")
+    assert args.sysfs_root == Path(p["mounts"]["host-sys"]["mountPath"]) == Path("/host/sys")
+    assert p["mounts"]["host-proc"]["readOnly"] is True
+    sim = _plugin(_render(helm, *SIMULATOR))
+    assert build_parser().parse_args(sim["c"]["args"]).proc_root == Path("/proc")  # unused: the simulator's own
+    assert "host-proc" not in sim["mounts"]
+
+
+def test_every_host_path_is_a_value(helm: Helm) -> None:
+    paths = {"kubeletDir": "/k", "cdiRoot": "/c", "nvidiaDriverRoot": "/d", "hostProc": "/hp", "hostSys": "/hs"}
+    values = [a for k, v in paths.items() for a in ("--set", f"{k}={v}")]
+    assert _host_paths(_plugin(_render(helm, *values))["pod"]) == {
+        "plugin-dir": f"/k/plugins/{DEFAULT_DRIVER}",
+        "registry-dir": "/k/plugins_registry",
+        "cdi-root": "/c",
+        "host-proc": "/hp",
+        "host-sys": "/hs",
+        "driver-root": "/d",
+    }
+    sim = _plugin(_render(helm, *values, *SIMULATOR, "--set", "nvml.simulator.stateHostPath=/s"))
+    assert _host_paths(sim["pod"]) == {
+        "plugin-dir": f"/k/plugins/{DEFAULT_DRIVER}",
+        "registry-dir": "/k/plugins_registry",
+        "cdi-root": "/c",
+        "sim-state": "/s",
+    }
+    assert sim["mounts"]["sim-state"]["mountPath"] == "/var/lib/dra-driver/sim"
+    assert "--sim-state=/var/lib/dra-driver/sim/mixed" in sim["c"]["args"]
+
+
+def test_host_network_and_extra_env(helm: Helm) -> None:
+    default = _plugin(_render(helm))
+    assert "hostNetwork" not in default["pod"] and "dnsPolicy" not in default["pod"]
+    objs = _render(helm, *HOST_NETWORK)
+    p = _plugin(objs)
+    assert p["pod"]["hostNetwork"] is True and p["pod"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert p["c"]["env"][-2:] == API_SERVER_ENV  # appended: after (and so over) the chart's own
+    assert [e for e in p["c"]["env"] if e["name"].startswith("KUBERNETES_")] == API_SERVER_ENV
+    assert [e for e in default["c"]["env"] if e != POD_UID_ENV] == [e for e in p["c"]["env"] if e not in API_SERVER_ENV]
+    assert _daemonset(objs)["spec"]["updateStrategy"] == NO_SURGE
+    # with hostNetwork the metrics port is a port of the node: two pods of a surge cannot both hold it
+    surge = ("--set", "hostNetwork=true")
+    assert _daemonset(_render(helm, *surge))["spec"]["updateStrategy"] == NO_SURGE
+    assert _daemonset(_render(helm, *surge, "--set", "metrics.enabled=false"))["spec"]["updateStrategy"] == SURGE
+    proc = _run(helm, "template", RELEASE, str(CHART), *surge, "--set", "updateStrategy.rollingUpdate.maxSurge=1",
+                check=False)  # fmt: skip
+    assert proc.returncode != 0 and "maxSurge with hostNetwork and metrics.enabled" in proc.stderr, proc.stderr
 
 
 def _node_rules(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:

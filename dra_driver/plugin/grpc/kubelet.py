@@ -1,9 +1,12 @@
 """A stand-in for the kubelet that talks to the plugin over its real Unix sockets.
 
 It does what the kubelet's plugin watcher and DRA manager do (kubernetes ``pkg/kubelet/pluginmanager`` and
-``pkg/kubelet/cm/dra/plugin``): find ``*-reg.sock`` in the plugin registry directory, call ``GetInfo``, validate the
-answer, report the verdict with ``NotifyRegistrationStatus``, then dial the advertised endpoint and call
+``pkg/kubelet/cm/dra/plugin``): find ``*-reg.sock`` in the plugin registry directory (for a known driver
+``<driver>-reg.sock``, or ``<driver>-<pod uid>-reg.sock`` of a plugin started with a pod UID), call ``GetInfo``,
+validate the answer, report the verdict with ``NotifyRegistrationStatus``, then dial the advertised endpoint and call
 ``NodePrepareResources`` / ``NodeUnprepareResources`` with a 45 s timeout, preferring the v1 service over v1beta1.
+With two instances of a driver serving side by side (a rolling update), one harness per instance plays the kubelet's
+connection to it: pass the socket to :meth:`KubeletHarness.register`.
 
 Responses are decoded into the plugin's own types (:class:`PrepareResult`, error strings), so tests can compare
 them with what the fake preparer returned; the ``*_raw`` variants return the protobuf messages.
@@ -12,6 +15,8 @@ them with what the fake preparer returned; the ``*_raw`` variants return the pro
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import stat
 import time
 from dataclasses import dataclass, field
@@ -73,23 +78,39 @@ class KubeletHarness:
 
     # -- registration
 
+    def registration_sockets(self) -> list[Path]:
+        """The registration sockets in the registry directory now: ``*-reg.sock``, or if the driver is known
+        ``<driver>-reg.sock`` and ``<driver>-<pod uid>-reg.sock``; the newest first (the kubelet uses the plugin
+        that registered last), then by name."""
+        name = re.compile(rf"{re.escape(self.driver_name)}(-.+)?-reg\.sock" if self.driver_name else r".+-reg\.sock")
+        found: list[tuple[int, str, Path]] = []
+        try:
+            names = [n for n in os.listdir(self.registry_dir) if name.fullmatch(n)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for n in names:
+            candidate = self.registry_dir / n
+            try:
+                st = candidate.lstat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISSOCK(st.st_mode):
+                found.append((-st.st_ctime_ns, n, candidate))
+        return [path for *_, path in sorted(found)]
+
     def find_registration_socket(self, timeout: float = 10.0, poll_s: float = 0.05) -> Path:
-        """Wait for a ``*-reg.sock`` socket in the registry directory (``<driver>-reg.sock`` if the driver is known).
+        """Wait for a registration socket in the registry directory (:meth:`registration_sockets`; the newest).
 
         The kubelet uses inotify; polling is good enough here.
         """
-        pattern = f"{self.driver_name}-reg.sock" if self.driver_name else "*-reg.sock"
         deadline = time.monotonic() + timeout
         while True:
-            if self.registry_dir.is_dir():
-                for candidate in sorted(self.registry_dir.glob(pattern)):
-                    try:
-                        if stat.S_ISSOCK(candidate.lstat().st_mode):
-                            return candidate
-                    except FileNotFoundError:
-                        continue
+            sockets = self.registration_sockets()
+            if sockets:
+                return sockets[0]
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"no {pattern} socket appeared in {self.registry_dir} within {timeout} s")
+                what = f"{self.driver_name}[-<pod uid>]-reg.sock" if self.driver_name else "*-reg.sock"
+                raise TimeoutError(f"no {what} socket appeared in {self.registry_dir} within {timeout} s")
             time.sleep(poll_s)
 
     def _registration_call(self, channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
@@ -145,12 +166,12 @@ class KubeletHarness:
                 problems.append(f"endpoint {info.endpoint} does not exist")
         return problems
 
-    def register(self, timeout: float = 10.0) -> PluginInfo:
-        """The whole handshake: find the socket, GetInfo, validate, NotifyRegistrationStatus.
+    def register(self, timeout: float = 10.0, socket: Path | None = None) -> PluginInfo:
+        """The whole handshake: find the socket (unless given), GetInfo, validate, NotifyRegistrationStatus.
 
         On a rejected answer it reports plugin_registered=false (as the kubelet does) and raises RegistrationError.
         """
-        socket = self.find_registration_socket(timeout)
+        socket = socket or self.find_registration_socket(timeout)
         info = self.get_info(socket)
         problems = self.validate(info, self.driver_name)
         if problems:

@@ -2,7 +2,9 @@
 ``grpc.health.v1.Health/Check`` with SERVING. ``dra-driver probe`` runs it (the Helm chart's livenessProbe).
 
 A socket file that is gone, one nobody listens on (a daemon that died), or a server too busy to answer within the
-timeout all fail the check: the kubelet would not reach the plugin either.
+timeout all fail the check: the kubelet would not reach the plugin either. With a pod UID (a plugin started with
+``--pod-uid``, for rolling updates) it checks that instance's own sockets, ``dra-<uid>.sock`` and
+``<driver>-<uid>-reg.sock``, not those of another pod of the driver on the same node.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from dra_driver.plugin.grpc import health
-from dra_driver.plugin.grpc.server import DEFAULT_PLUGIN_SOCKET, registrar_socket_name
+from dra_driver.plugin.grpc.server import dra_socket_name, registrar_socket_name
 
 _STATUS_NAMES = {
     health.UNKNOWN: "UNKNOWN",
@@ -35,9 +37,10 @@ class ProbeResult:
         return f"{self.socket}: {self.detail}"
 
 
-def plugin_sockets(driver: str, plugin_dir: Path, registry_dir: Path) -> list[Path]:
-    """The sockets a plugin started with these directories serves (as ``dra-driver plugin`` lays them out)."""
-    return [plugin_dir / DEFAULT_PLUGIN_SOCKET, registry_dir / registrar_socket_name(driver)]
+def plugin_sockets(driver: str, plugin_dir: Path, registry_dir: Path, pod_uid: str = "") -> list[Path]:
+    """The sockets a plugin started with these directories and pod UID ("": none) serves (as ``dra-driver plugin``
+    lays them out)."""
+    return [plugin_dir / dra_socket_name(pod_uid), registry_dir / registrar_socket_name(driver, pod_uid)]
 
 
 def probe_socket(path: Path, timeout: float) -> ProbeResult:

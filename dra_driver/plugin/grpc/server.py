@@ -1,11 +1,20 @@
 """PluginServer: the kubelet-facing gRPC servers of the DRA driver on their Unix sockets.
 
-Layout (defaults of the Go kubeletplugin helper):
+Layout (that of the Go kubeletplugin helper, ``k8s.io/dynamic-resource-allocation/kubeletplugin``):
 
 - DRA service, v1 and v1beta1 on one server: ``<plugin_dir>/dra.sock`` (plugin_dir is usually
   ``/var/lib/kubelet/plugins/<driver>``);
 - registration: ``<registry_dir>/<driver>-reg.sock`` (registry_dir is usually ``/var/lib/kubelet/plugins_registry``,
   which the kubelet watches).
+
+Given the pod's UID (``pod_uid``, the helper's ``RollingUpdate(uid)`` option), the names carry it:
+``<plugin_dir>/dra-<uid>.sock`` and ``<registry_dir>/<driver>-<uid>-reg.sock``. Two instances of the driver (the
+old and the new pod of a DaemonSet rolling update with ``maxSurge``) then serve side by side, and the kubelet
+(1.33 and later) registers both and may call either: the preparer must keep no state across calls that the other
+instance could make stale (the :class:`~dra_driver.plugin.driver.Driver` serialises the two through a file lock and
+reads the checkpoint again under it). Each instance removes only its own sockets when it stops. An older kubelet
+keeps one endpoint per driver name and drops the driver when either instance deregisters: leave ``pod_uid`` empty
+there.
 
 Both servers also serve the standard ``grpc.health.v1.Health`` service. Given a device-health source, the DRA server
 also serves the kubelet's ``v1alpha1.DRAResourceHealth`` (:mod:`.resource_health`), and the registration advertises
@@ -13,18 +22,26 @@ it. :meth:`PluginServer.start` starts the DRA server first and the registrar las
 endpoint that is not there yet; :meth:`PluginServer.stop` stops them in the reverse order and removes the socket
 files.
 
-Two instances may serve the same paths for a while (a rolling update with surge): each socket is bound under a
-temporary name and renamed into place, so the newer instance atomically takes the path over, and an instance only
-ever removes a socket file that is still the one it bound (gRPC itself unlinks the path it bound when it stops, which
-is why it never binds the shared path). A watchdog binds a socket again when its file disappears.
+Without a pod UID two instances may serve the same paths for a while (a rolling update with surge before per-pod
+names, or a container restarted while the old one still shuts down): each socket is bound under a temporary name
+and renamed into place, so the newer instance atomically takes the path over, and an instance only ever removes a
+socket file that is still the one it bound (gRPC itself unlinks the path it bound when it stops, which is why it
+never binds the shared path). A watchdog binds a socket again when its file disappears.
+
+At start, sockets of this driver left by an instance that did not stop cleanly (killed, force-deleted: a pod UID
+the kubelet will never see again) are removed: only those with this driver's names whose connection is refused,
+which on a Unix socket means that nothing listens on it any more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import re
 import secrets
+import socket
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -55,8 +72,45 @@ SocketId = tuple[int, int, int]
 _umask_lock = threading.Lock()
 
 
-def registrar_socket_name(driver_name: str) -> str:
-    return f"{driver_name}-reg.sock"
+_POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# what a Kubernetes pod UID looks like: only sockets named with one are ever removed as another instance's leftovers
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+def check_pod_uid(pod_uid: str) -> str:
+    """``pod_uid`` if it can be part of a socket file name ("" too: no UID); ValueError otherwise."""
+    if pod_uid and not _POD_UID.fullmatch(pod_uid):
+        raise ValueError(f"pod UID {pod_uid!r} cannot be part of a socket name (letters, digits, '-', '_', '.')")
+    return pod_uid
+
+
+def registrar_socket_name(driver_name: str, pod_uid: str = "") -> str:
+    """``<driver>-reg.sock``; with a pod UID ``<driver>-<uid>-reg.sock`` (as the Go helper names it)."""
+    uid_part = f"-{check_pod_uid(pod_uid)}" if pod_uid else ""
+    return f"{driver_name}{uid_part}-reg.sock"
+
+
+def dra_socket_name(pod_uid: str = "") -> str:
+    """``dra.sock``; with a pod UID ``dra-<uid>.sock`` (as the Go helper names it)."""
+    return f"dra-{check_pod_uid(pod_uid)}.sock" if pod_uid else DEFAULT_PLUGIN_SOCKET
+
+
+def _is_dead_socket(path: Path) -> bool:
+    """True only if ``path`` is a socket whose connection is refused: nothing listens on it. A Unix socket with a
+    listener never refuses (a full backlog makes connect() wait or fail with EAGAIN), so a live one is never taken
+    for dead; anything else (a timeout, no permission) counts as alive."""
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return False
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError as exc:
+            return exc.errno == errno.ECONNREFUSED
+    return False
 
 
 @contextlib.contextmanager
@@ -108,8 +162,13 @@ def _remove_own_socket(path: Path, ours: SocketId | None) -> None:
 class PluginServer:
     """The DRA node service and the registrar, serving a :class:`ClaimPreparer`.
 
+    ``pod_uid`` (empty: none) puts the pod's UID in both socket names, so that two instances can serve side by side
+    (see the module's docstring); ``plugin_socket_name`` and ``registrar_socket_filename`` override the names
+    (the latter not together with ``pod_uid``, as in the Go helper).
     ``socket_mode`` is applied to both socket files (0o600 or 0o660 make sense; the kubelet runs as root).
-    ``serialize`` lets only one prepare/unprepare call run at a time, as the Go helper does by default.
+    ``serialize`` lets only one prepare/unprepare call of this process run at a time, as the Go helper does by
+    default; it does not reach another instance (the Go helper takes a file lock for that with rolling updates): a
+    preparer served by two instances excludes itself across processes, as the Driver does.
     ``on_registration`` is called with every status the kubelet reports.
     At most ``max_workers - RESERVED_WORKERS`` prepare calls run at once (at least one): more are refused at once
     (waiting would hold a thread too), so that prepares stalled on the API server never leave an unprepare without a
@@ -128,7 +187,8 @@ class PluginServer:
         registry_dir: str | os.PathLike[str],
         metrics_registry: CollectorRegistry | None = None,
         *,
-        plugin_socket_name: str = DEFAULT_PLUGIN_SOCKET,
+        pod_uid: str = "",
+        plugin_socket_name: str | None = None,
         registrar_socket_filename: str | None = None,
         socket_mode: int = 0o600,
         serialize: bool = True,
@@ -143,11 +203,14 @@ class PluginServer:
             raise ValueError("driver_name is required")
         if socket_mode & ~0o777:
             raise ValueError(f"socket_mode {socket_mode:#o} is not a permission mode")
+        if pod_uid and registrar_socket_filename:
+            raise ValueError("pod_uid and registrar_socket_filename are mutually exclusive")  # as in the Go helper
         self._driver_name = driver_name
+        self._pod_uid = check_pod_uid(pod_uid)
         self._plugin_dir = Path(plugin_dir)
         self._registry_dir = Path(registry_dir)
-        self._dra_socket = (self._plugin_dir / plugin_socket_name).absolute()
-        reg_name = registrar_socket_filename or registrar_socket_name(driver_name)
+        self._dra_socket = (self._plugin_dir / (plugin_socket_name or dra_socket_name(pod_uid))).absolute()
+        reg_name = registrar_socket_filename or registrar_socket_name(driver_name, pod_uid)
         self._reg_socket = (self._registry_dir / reg_name).absolute()
         for path in (self._dra_socket, self._reg_socket):
             # the socket is bound under a temporary name in the same directory first
@@ -205,6 +268,11 @@ class PluginServer:
     @property
     def driver_name(self) -> str:
         return self._driver_name
+
+    @property
+    def pod_uid(self) -> str:
+        """The pod UID in the socket names; "" if none."""
+        return self._pod_uid
 
     @property
     def dra_socket_path(self) -> Path:
@@ -291,6 +359,7 @@ class PluginServer:
         with self._lock:
             if self._dra_server is not None:
                 raise RuntimeError("PluginServer already started")
+            self._remove_dead_sockets()
             for name in self._health_names:
                 self._health.set(name, health.SERVING)
             health_handler = self._health.handler()
@@ -339,6 +408,35 @@ class PluginServer:
                 log.warning("cannot remove %s: %s", path, exc)
         self._reg_server = None
         self._dra_server = None
+
+    def _remove_dead_sockets(self) -> None:
+        """Remove the sockets of this driver's other instances that nothing listens on any more (an instance that was
+        killed leaves them, and with per-pod names no later instance binds that path again). Only this driver's
+        names in its two directories, with a pod UID or none; this instance's own paths are replaced when bound."""
+        driver = re.escape(self._driver_name)
+        candidates = (
+            (self._dra_socket.parent, re.compile(rf"dra(-{_UUID})?\.sock")),
+            (self._reg_socket.parent, re.compile(rf"{driver}(-{_UUID})?-reg\.sock")),
+        )
+        for directory, pattern in candidates:
+            try:
+                names = sorted(os.listdir(directory))
+            except OSError:  # not there yet: nothing left in it
+                continue
+            for name in names:
+                path = directory / name
+                if path in (self._dra_socket, self._reg_socket) or not pattern.fullmatch(name):
+                    continue
+                if not _is_dead_socket(path):
+                    continue
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue  # its own instance removed it meanwhile
+                except OSError as exc:
+                    log.warning("cannot remove %s, left by an instance that is gone: %s", path, exc)
+                    continue
+                log.warning("removed %s: nothing listens on it (left by an instance that did not stop cleanly)", path)
 
     # -- socket watchdog
 

@@ -54,6 +54,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and (eq .Values.nvml.backend "simulator") (not .Values.nvml.simulator.machine) -}}
 {{- fail "nvml.simulator.machine is required with nvml.backend=simulator" -}}
 {{- end -}}
+{{- if .Values.rollingUpdate.uniqueSockets -}}
+{{- /* AF_UNIX socket paths have at most 107 bytes; a pod UID has 36 characters, "<uid>" 5 */ -}}
+{{- range $path := list (printf "%s/plugins/%s/dra-<uid>.sock" .Values.kubeletDir .Values.driverName) (printf "%s/plugins_registry/%s-<uid>-reg.sock" .Values.kubeletDir .Values.driverName) -}}
+{{- $bytes := add (len $path) 31 -}}
+{{- if gt $bytes 107 -}}
+{{- fail (printf "rollingUpdate.uniqueSockets: with a pod UID the socket path %s has %d bytes, more than the 107 a Unix socket allows; set rollingUpdate.uniqueSockets=false, or use a shorter kubeletDir or driverName" $path $bytes) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if include "dra-driver.hostPortClash" . -}}
+{{- $surge := toString (dig "rollingUpdate" "maxSurge" 0 .Values.updateStrategy) -}}
+{{- if not (has $surge (list "0" "0%")) -}}
+{{- fail "updateStrategy: maxSurge with hostNetwork and metrics.enabled: the new pod would need the metrics port on the node while the old one holds it; set metrics.enabled=false or a strategy without maxSurge" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Non-empty when the pod listens on a port of the node (hostNetwork: the metrics port): two pods of the DaemonSet
+cannot run on one node at once then. */}}
+{{- define "dra-driver.hostPortClash" -}}
+{{- if and .Values.hostNetwork .Values.metrics.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{/* featureGates as Name=true,Other=false (sorted). */}}
