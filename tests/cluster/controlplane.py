@@ -228,6 +228,7 @@ class ControlPlane:
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
         keep_work_dir: bool = False,
         start_timeout: float = 120.0,
+        service_accounts: bool = False,
     ) -> None:
         self._bin_dir = bin_dir
         self._requested_work_dir = work_dir
@@ -236,6 +237,9 @@ class ControlPlane:
         self.controllers = tuple(controllers)
         self.keep_work_dir = keep_work_dir or os.environ.get("DRA_K8S_KEEP") == "1"
         self.start_timeout = start_timeout
+        # ServiceAccount admission (pods get a token volume): off unless pods really run (tests.cluster.node), since
+        # it rejects pods created before their namespace's default ServiceAccount exists.
+        self.service_accounts = service_accounts
         self._components: list[_Component] = []
         self._work_dir: Path | None = None
         self._owns_work_dir = False
@@ -265,6 +269,12 @@ class ControlPlane:
         if self._kubeconfig is None:
             raise ControlPlaneError("the control plane is not started")
         return self._kubeconfig
+
+    @property
+    def pki(self) -> Pki:
+        if self._pki is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._pki
 
     @property
     def server(self) -> str:
@@ -466,7 +476,12 @@ class ControlPlane:
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--disable-admission-plugins="
+            + ("TaintNodesByCondition" if self.service_accounts else "ServiceAccount,TaintNodesByCondition"),
+            # `kubectl logs`/`exec` reach a real kubelet (tests.cluster.node) by its InternalIP with this client cert.
+            f"--kubelet-client-certificate={pki.client_cert}",
+            f"--kubelet-client-key={pki.client_key}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
             f"--feature-gates={_gates(self.feature_gates)}",
             f"--runtime-config={_gates(self.runtime_config)}",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster import images
 from tests.cluster.controlplane import (
     DEFAULT_CONTROLLERS,
     ControlPlane,
@@ -22,9 +23,13 @@ from tests.cluster.controlplane import (
     go_available,
 )
 from tests.cluster.kueue import ensure_kueue
+from tests.cluster.node import Node, ensure_node_binaries, node_binaries_up_to_date, node_unavailable_reason
 
+# The driver is a DaemonSet on the real node.
+NODE_CONTROLLERS = (*DEFAULT_CONTROLLERS, "daemonset-controller")
 _bin_dir: Path | None = None
 _unavailable: str | None = None
+_node_unavailable: str | None = None
 
 
 def _uses(session: pytest.Session, fixture: str) -> bool:
@@ -32,8 +37,11 @@ def _uses(session: pytest.Session, fixture: str) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    global _bin_dir, _unavailable
-    if not any(_uses(session, f) for f in ("control_plane", "queueing_cluster", "ungranular_status_cluster")):
+    global _bin_dir, _unavailable, _node_unavailable
+    if not any(
+        _uses(session, f)
+        for f in ("control_plane", "queueing_cluster", "ungranular_status_cluster", "real_node", "node_binaries")
+    ):
         return
     if not go_available():
         _unavailable = "no Go toolchain to build the control plane (and DRA_K8S_BIN_DIR is unset)"
@@ -47,6 +55,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _bin_dir = ensure_binaries()
     if _uses(session, "queueing_cluster"):
         ensure_kueue()  # scripts/build-kueue.sh: a few minutes cold
+    if _uses(session, "real_node") or _uses(session, "node_binaries"):
+        _node_unavailable = node_unavailable_reason()
+        if _node_unavailable is None:
+            if reporter is not None and not node_binaries_up_to_date():
+                reporter.write_line("tests.cluster: building containerd and the CNI plugins (scripts/build-node.sh)")
+            ensure_node_binaries()
 
 
 def _require() -> None:
@@ -54,6 +68,35 @@ def _require() -> None:
         if os.environ.get("DRA_K8S_REQUIRE") == "1":
             pytest.fail(f"DRA_K8S_REQUIRE=1 but {_unavailable}")
         pytest.skip(_unavailable)
+
+
+@pytest.fixture(scope="session")
+def node_binaries() -> Path:
+    """The Kubernetes bin directory, once a real node can run here (root, runc, cgroups; containerd built), else
+    skip (or fail with DRA_K8S_REQUIRE=1)."""
+    _require()
+    if _node_unavailable is not None:
+        if os.environ.get("DRA_K8S_REQUIRE") == "1":
+            pytest.fail(f"DRA_K8S_REQUIRE=1 but {_node_unavailable}")
+        pytest.skip(_node_unavailable)
+    assert _bin_dir is not None
+    return _bin_dir
+
+
+@pytest.fixture(scope="module")
+def real_node(node_binaries: Path) -> Iterator[Node]:
+    """A real node: containerd + runc + kubelet registered with a control plane of its own (ServiceAccount
+    admission on: pods get tokens), the sandbox and test-workload images imported. `real_node.cp` is the cluster.
+    One module at a time (a node takes the kubelet's port and the host's kubepods cgroups): start-up is seconds."""
+    cp = ControlPlane(bin_dir=node_binaries, service_accounts=True, controllers=NODE_CONTROLLERS)
+    cp.start()
+    node = Node(cp, sandbox_image=images.PAUSE_IMAGE, images=[images.pause_image(), images.workload_image()])
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+        cp.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,274 @@
+"""End to end on the real node: the driver installed by its Helm chart from its own image (simulated DGX H100), pods
+with ResourceClaims allocated by the real scheduler, prepared by the real kubelet through the driver's sockets, and
+started by containerd + runc with the claim's CDI spec applied. Each container prints what it sees (device nodes,
+environment, mounts) and the test checks that against the allocation and the CDI spec; deleting the pods unprepares
+everything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.simulator.nvml import SimulatedNvml
+from tests.cluster import images
+from tests.cluster.driver import DRIVER_NAME as D
+from tests.cluster.driver import DriverRelease
+from tests.cluster.node import Node
+from tests.polling import wait_until
+
+NS = "e2e"
+CONFIG_API = "gpu.resource.dra-driver.dev/v1alpha1"
+GPU, SHARED = D, f"gpu-timesliced.{D.removeprefix('gpu.')}"
+
+
+def mig(profile: str) -> str:
+    return f"mig-{profile}.{D}"
+
+
+def req(name: str, cls: str, count: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": cls, "count": count, **extra}}
+
+
+def claim_spec(*requests: dict[str, Any], constraints: Any = None, config: Any = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": list(requests)}
+    if constraints:
+        devices["constraints"] = constraints
+    if config:
+        devices["config"] = config
+    return {"devices": devices}
+
+
+def template(name: str, *requests: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"spec": claim_spec(*requests, **kw)},
+    }
+
+
+def claim(name: str, *requests: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": claim_spec(*requests, **kw),
+    }
+
+
+def sharing(strategy: str, **config: Any) -> list[dict[str, Any]]:
+    params: dict[str, Any] = {"apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": {"strategy": strategy}}
+    if config:
+        params["sharing"]["mpsConfig"] = config
+    return [{"opaque": {"driver": D, "parameters": params}}]
+
+
+def pod(name: str, *, template_name: str | None = None, claim_name: str | None = None) -> dict[str, Any]:
+    source = {"resourceClaimTemplateName": template_name} if template_name else {"resourceClaimName": claim_name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "tolerations": [{"key": f"{D}/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "show",
+                    "image": images.WORKLOAD_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": [images.SHOW_DEVICES],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", **source}],
+        },
+    }
+
+
+class Cluster:
+    """The driver release and what the tests read back: pods, claims, CDI specs, the simulated GPUs."""
+
+    def __init__(self, release: DriverRelease) -> None:
+        self.release = release
+        self.node = release.node
+        self.cp = release.cp
+
+    def apply(self, *objects: dict[str, Any]) -> None:
+        self.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+    def wait_running(self, name: str, timeout: float = 90) -> dict[str, Any]:
+        def running() -> dict[str, Any] | None:
+            p = self.cp.kubectl_json("get", "pod", name, "-n", NS)
+            return p if p["status"].get("phase") == "Running" else None
+
+        try:
+            return wait_until(f"pod {name} Running", running, timeout=timeout)
+        except AssertionError:
+            described = self.cp.kubectl("describe", "pod", name, "-n", NS, check=False).stdout
+            raise AssertionError(f"{name} not Running:\n{described[-3000:]}\n{self.release.logs()}") from None
+
+    def seen(self, name: str) -> dict[str, Any]:
+        """What the container printed (tests/cluster/images.py show-devices)."""
+        out = self.cp.kubectl("logs", "-n", NS, name).stdout.strip().splitlines()
+        return dict(json.loads(out[-1]))
+
+    def claims_of(self, pod_name: str) -> list[dict[str, Any]]:
+        p = self.cp.kubectl_json("get", "pod", pod_name, "-n", NS)
+        names = [s["resourceClaimName"] for s in p["status"].get("resourceClaimStatuses", [])]
+        names += [rc["resourceClaimName"] for rc in p["spec"]["resourceClaims"] if rc.get("resourceClaimName")]
+        return [self.cp.kubectl_json("get", "resourceclaim", n, "-n", NS) for n in names]
+
+    def cdi_spec(self, claim_uid: str) -> dict[str, Any]:
+        return dict(json.loads((self.node.cdi_dir / f"k8s.{D}-claim_{claim_uid}.json").read_text()))
+
+    def claim_specs(self) -> list[Path]:
+        return sorted(self.node.cdi_dir.glob(f"k8s.{D}-claim_*.json"))
+
+    def expected(self, pod_name: str) -> tuple[set[tuple[str, int, int]], dict[str, str], list[str]]:
+        """Device nodes, environment and allocated device names the pod's claims' CDI specs give its container."""
+        nodes: set[tuple[str, int, int]] = set()
+        env: dict[str, str] = {}
+        allocated: list[str] = []
+        for c in self.claims_of(pod_name):
+            results = c["status"]["allocation"]["devices"]["results"]
+            allocated += [r["device"] for r in results if r["driver"] == D]
+            spec = self.cdi_spec(c["metadata"]["uid"])
+            edits = [spec.get("containerEdits", {}), *(d["containerEdits"] for d in spec["devices"])]
+            for e in edits:
+                nodes |= {(n["path"], n["major"], n["minor"]) for n in e.get("deviceNodes", [])}
+                env.update(kv.split("=", 1) for kv in e.get("env", []))
+            # the CDI ids the kubelet got are exactly this claim's devices
+            assert {d["name"].split("-", 5)[-1] for d in spec["devices"]} == {r["device"] for r in results}
+        return nodes, env, allocated
+
+    def check_sees_its_devices(self, pod_name: str) -> dict[str, Any]:
+        seen = self.seen(pod_name)
+        nodes, env, allocated = self.expected(pod_name)
+        seen_nodes = {(d["path"], d["major"], d["minor"]) for d in seen["devices"] if d["type"] == "c"}
+        assert seen_nodes == nodes, (pod_name, allocated)
+        for key, value in env.items():
+            if key.startswith(("NVIDIA_", "CUDA_")):
+                assert seen["env"].get(key) == value, (pod_name, key)
+        return seen
+
+    def attribute(self, device: str, name: str) -> Any:
+        for s in self.release.slices():
+            for d in s["spec"].get("devices", []):
+                if d["name"] == device:
+                    value = d.get("attributes", {}).get(name, {})
+                    return next(iter(value.values()), None)
+        raise KeyError(device)
+
+    def mig_instances(self) -> list[tuple[int, int, int]]:
+        sim = SimulatedNvml(self.release.machine, self.release.sim_state / self.release.machine)
+        state = sim.store.read()
+        return sorted((i, gi.profile_id, gi.start) for i, g in enumerate(state.gpus) for gi in g.gpu_instances)
+
+
+@pytest.fixture(scope="module")
+def cluster(real_node: Node) -> Iterator[Cluster]:
+    release = DriverRelease(real_node)
+    release.install()
+    real_node.cp.kubectl("create", "namespace", NS)
+    try:
+        yield Cluster(release)
+    finally:
+        real_node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
+        release.uninstall()
+
+
+def test_pods_see_the_devices_their_claims_were_allocated(cluster: Cluster) -> None:
+    cluster.apply(
+        template("one-gpu", req("gpu", GPU)),
+        template(
+            "two-same-product", req("a", GPU), req("b", GPU), constraints=[{"matchAttribute": f"{D}/productName"}]
+        ),
+        template("one-1g", req("gpu", mig("1g.10gb"))),
+        template(
+            "fill-a-gpu",
+            req("big", mig("4g.40gb")),
+            req("rest", mig("3g.40gb")),
+            constraints=[{"matchAttribute": f"{D}/parentUUID"}],
+        ),
+        claim("timesliced", req("gpu", SHARED)),
+        claim("mps", req("gpu", GPU), config=sharing("MPS", defaultActiveThreadPercentage=50)),
+    )
+    pods = [
+        pod("whole", template_name="one-gpu"),
+        pod("pair", template_name="two-same-product"),
+        pod("small", template_name="one-1g"),
+        pod("filled", template_name="fill-a-gpu"),
+        *[pod(f"ts-{i}", claim_name="timesliced") for i in range(2)],
+        *[pod(f"mps-{i}", claim_name="mps") for i in range(2)],
+    ]
+    cluster.apply(*pods)
+    seen = {}
+    for p in pods:
+        name = p["metadata"]["name"]
+        cluster.wait_running(name)
+        seen[name] = cluster.check_sees_its_devices(name)
+
+    # whole GPUs: one and two device nodes /dev/nvidiaN (major 195), each GPU's own minor
+    def gpu_minors(name: str) -> set[int]:
+        return {d["minor"] for d in seen[name]["devices"] if d["major"] == 195 and d["path"].startswith("/dev/nvidia")}
+
+    assert len(gpu_minors("whole") - {255}) == 1  # 255: /dev/nvidiactl
+    _, _, pair = cluster.expected("pair")
+    assert len(set(pair)) == 2
+    assert cluster.attribute(pair[0], "productName") == cluster.attribute(pair[1], "productName")
+    _, _, filled = cluster.expected("filled")
+    assert len({cluster.attribute(d, "parentUUID") for d in filled}) == 1  # both partitions on one GPU
+    # MIG: the instances exist on the simulated GPUs (1g + 4g + 3g), the containers got MIG capability nodes
+    assert len(cluster.mig_instances()) == 3
+    assert any("nvidia-caps" in d["path"] for d in seen["small"]["devices"]), seen["small"]
+    # shared claims: one device for both pods, the same view in each
+    assert cluster.expected("ts-0")[2] == cluster.expected("ts-1")[2]
+    assert seen["ts-0"]["devices"] == seen["ts-1"]["devices"]
+    # MPS: the claim's control daemon pipe directory reaches both containers (the thread percentage is the daemon's
+    # default, set through that pipe, not an environment variable)
+    for name in ("mps-0", "mps-1"):
+        env = seen[name]["env"]
+        assert env.get("CUDA_MPS_PIPE_DIRECTORY"), env
+        assert any(m["target"] == env["CUDA_MPS_PIPE_DIRECTORY"] for m in seen[name]["mounts"]), seen[name]
+    # one CDI spec per prepared claim: whole, pair, small, filled, timesliced, mps
+    assert len(cluster.claim_specs()) == 6
+    claims = cluster.release.checkpoint_claims()
+    assert len(claims) == 6 and {c["state"] for c in claims.values()} == {"PrepareCompleted"}
+
+
+def test_a_claim_that_cannot_fit_stays_pending_and_simulate_explains_why(cluster: Cluster) -> None:
+    cluster.apply(template("nine-gpus", req("gpu", GPU, 9)), pod("too-big", template_name="nine-gpus"))
+
+    def unschedulable() -> str | None:
+        p = cluster.cp.kubectl_json("get", "pod", "too-big", "-n", NS)
+        conds = {c["type"]: c for c in p["status"].get("conditions", [])}
+        c = conds.get("PodScheduled", {})
+        return str(c.get("message")) if c.get("reason") == "Unschedulable" else None
+
+    wait_until("too-big Unschedulable", unschedulable, timeout=60)
+    assert cluster.cp.kubectl_json("get", "pod", "too-big", "-n", NS)["status"]["phase"] == "Pending"
+    out = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "simulate", "--kubeconfig", str(cluster.cp.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 3 and "too-big" in out.stdout and "wants 9" in out.stdout, out.stdout + out.stderr
+    cluster.cp.kubectl("delete", "pod", "too-big", "-n", NS, "--wait=true")
+
+
+def test_deleting_the_pods_unprepares_every_claim(cluster: Cluster) -> None:
+    cluster.cp.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    wait_until("every claim spec removed", lambda: cluster.claim_specs() == [], timeout=60)
+    wait_until("MIG instances destroyed", lambda: cluster.mig_instances() == [], timeout=30)
+    assert cluster.release.checkpoint_claims() == {}
+    mps_dir = cluster.release.plugin_dir / "mps"
+    assert not mps_dir.exists() or list(mps_dir.iterdir()) == []
