@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -277,3 +279,73 @@ def test_snapshot_maps_unknown_and_truncates_messages() -> None:
     ]
     assert len(response.devices[0].message) == 1024 and response.devices[0].message.endswith("...")
     assert protos.load().dra_health.HealthStatus.Name(UNKNOWN) == "UNKNOWN"
+
+
+def test_server_stop_ends_an_open_stream_cleanly(short_dir: Path, devices: Devices) -> None:
+    """The kubelet takes a stream that ends with status OK (io.EOF) as a clean end and logs it at -v=2; any other
+    status is "Error receiving from WatchResources stream" at level E (pkg/kubelet/cm/dra/manager.go). A driver
+    that stops (an update, a restart) must end its streams the clean way, with the server's default grace period
+    and without one."""
+    for grace in (None, 0.0):
+        srv = _server(short_dir, devices)
+        srv.start()
+        with KubeletHarness(short_dir / "plugins_registry", DRIVER) as kubelet:
+            kubelet.register()
+            stream = kubelet.watch_resources(timeout=30)
+            next(stream)
+            srv.stop(grace)
+            with pytest.raises(StopIteration):  # not grpc.RpcError
+                while True:
+                    next(stream)
+            assert stream.code() == grpc.StatusCode.OK, grace
+
+
+_KUBELET_PROCESS = """
+import sys
+import grpc
+from dra_driver.plugin.grpc.resource_health import watch_resources
+channel = grpc.insecure_channel("unix:" + sys.argv[1])
+stream = watch_resources(channel, timeout=60)
+next(stream)
+print("watching", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_kubelet_that_dies_frees_its_stream_for_the_restarted_one(short_dir: Path, devices: Devices) -> None:
+    """A kubelet that is killed never cancels its stream: its connection just closes. The daemon must notice at
+    once, or a kubelet restarted twice within a resend interval would find every stream slot taken (refused with
+    RESOURCE_EXHAUSTED: an error in its log, and no health until a slot frees)."""
+    srv = _server(short_dir, devices, grace_period_s=0)
+    with srv:
+        assert srv.resource_health is not None and srv.resource_health.max_streams == 2
+        kubelets = [
+            subprocess.Popen(
+                [sys.executable, "-c", _KUBELET_PROCESS, str(srv.dra_socket_path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        try:
+            for k in kubelets:
+                assert k.stdout is not None and k.stdout.readline() == "watching\n"
+            assert _streams(srv) == 2
+            for k in kubelets:
+                k.kill()
+                k.wait(10)
+            # well before the next resend (10 s), which would otherwise be the first write to fail
+            wait_until("the dead kubelets' streams to end", lambda: _streams(srv) == 0, timeout=3, interval=0.02)
+            with KubeletHarness(short_dir / "plugins_registry", DRIVER) as kubelet:
+                kubelet.register()
+                streams = [kubelet.watch_resources(timeout=30) for _ in range(2)]
+                try:
+                    assert [len(next(s).devices) for s in streams] == [3, 3]
+                finally:
+                    for s in streams:
+                        s.cancel()
+        finally:
+            for k in kubelets:
+                k.kill()
+                k.wait(10)

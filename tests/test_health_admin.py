@@ -195,3 +195,57 @@ def test_stop_removes_the_socket_and_a_stale_one_is_replaced(tmp_path: Path, sho
         server.stop()
         driver.close()
     assert not sock.exists() and list(short_dir.iterdir()) == []
+
+
+def _listening(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen()
+    return s
+
+
+def test_a_stopping_daemon_leaves_the_socket_of_the_daemon_that_replaced_it(tmp_path: Path, short_dir: Path) -> None:
+    """A rolling update: the new pod's daemon takes the shared path over, then the old one stops. The old one must
+    not remove the new one's socket (nor, while binding, another daemon's temporary socket: the PID is 1 in every
+    container, so it cannot name the temporary file)."""
+    node = Node(tmp_path)
+    driver = node.driver()
+    health = Health(node, driver)
+    sock = short_dir / "health.sock"
+    # another daemon, binding at this moment, under the names a PID-based temporary name would take
+    others = [_listening(short_dir / f".health.sock.{pid}") for pid in (1, os.getpid())]
+    old, new = HealthAdminServer(health.monitor, sock), HealthAdminServer(health.monitor, sock)
+    try:
+        old.start()
+        new.start()
+        old.stop()
+        assert stat.S_ISSOCK(os.lstat(sock).st_mode), "the old daemon removed the new one's socket"
+        assert request(sock, "GET", "/health")["driver"] == DRIVER  # served by the new daemon
+        new.stop()
+        assert not sock.exists()
+        assert sorted(p.name for p in short_dir.iterdir()) == sorted(
+            {f".health.sock.{pid}" for pid in (1, os.getpid())}
+        )  # the other daemon's temporary sockets were left alone, none of ours is left behind
+    finally:
+        for s in others:
+            s.close()
+        old.stop()
+        new.stop()
+        driver.close()
+
+
+def test_a_socket_replaced_after_start_by_someone_else_is_left_on_stop(tmp_path: Path, short_dir: Path) -> None:
+    node = Node(tmp_path)
+    driver = node.driver()
+    health = Health(node, driver)
+    sock = short_dir / "health.sock"
+    server = HealthAdminServer(health.monitor, sock)
+    server.start()
+    sock.unlink()  # removed, and another daemon's socket appears there (maybe reusing the inode number)
+    other = _listening(sock)
+    try:
+        server.stop()
+        assert stat.S_ISSOCK(os.lstat(sock).st_mode)
+    finally:
+        other.close()
+        driver.close()

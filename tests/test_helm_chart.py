@@ -365,6 +365,15 @@ def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(
     assert "livenessProbe" not in _plugin(_render(helm, "--set", "livenessProbe.enabled=false"))["c"]
 
 
+def test_readiness_waits_for_the_sockets_so_a_rolling_update_never_leaves_the_node_without_a_plugin(helm: Helm) -> None:
+    c = _plugin(_render(helm))["c"]
+    ready = c["readinessProbe"]
+    assert ready["exec"]["command"] == c["livenessProbe"]["exec"]["command"]  # this pod's own sockets answer
+    assert ready["failureThreshold"] == 1 and 0 < ready["initialDelaySeconds"] <= 5
+    assert ready["periodSeconds"] >= 10  # an exec probe starts an interpreter: not every second
+    assert "readinessProbe" not in _plugin(_render(helm, "--set", "readinessProbe.enabled=false"))["c"]
+
+
 def _daemonset(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return _one(objs, "DaemonSet", FULLNAME)
 

@@ -18,6 +18,7 @@ import http.client
 import json
 import logging
 import os
+import secrets
 import socket
 import socketserver
 import threading
@@ -32,6 +33,25 @@ log = logging.getLogger(__name__)
 
 SOCKET_NAME = "health.sock"
 MAX_BODY = 64 * 1024
+
+# (st_dev, st_ino, st_ctime_ns), as `dra_driver.plugin.grpc.server.SocketId`: inode numbers are reused once a file
+# is deleted, the ctime tells a later file apart. (Not imported from there: the CLI client would load gRPC.)
+SocketId = tuple[int, int, int]
+
+
+def socket_id(path: Path) -> SocketId | None:
+    """The identity of the file at `path`; None if there is none."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def _tmp_name() -> str:
+    """A private name to bind the socket under, beside its final path: unique per daemon (not the PID, 1 in every
+    container), short (Unix socket paths have 107 bytes), hidden (a leading dot)."""
+    return f".health-{secrets.token_hex(4)}.sock"
 
 
 def health_report(monitor: HealthMonitor) -> dict[str, Any]:
@@ -132,23 +152,30 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 class HealthAdminServer:
-    """Serves the admin endpoint on `socket_path` in a background thread, until `stop()` (which removes it)."""
+    """Serves the admin endpoint on `socket_path` in a background thread, until `stop()` (which removes it).
+
+    Two daemons may serve the same path for a while (the old and the new pod of a rolling update share the plugin
+    directory): as the gRPC server does for its sockets (`dra_driver.plugin.grpc.server`), the socket is bound
+    under a private temporary name (random: the PID is 1 in every container) and renamed into place, so the newer
+    daemon atomically takes the path over, and `stop()` removes the file only if it is still the one this server
+    bound (same device, inode and ctime), never the socket of the daemon that replaced it."""
 
     def __init__(self, monitor: HealthMonitor, socket_path: Path) -> None:
         self.monitor = monitor
         self.socket_path = socket_path
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._socket_id: SocketId | None = None
 
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         # Bound under a temporary name, restricted, then renamed: never reachable with a wider mode.
-        tmp = self.socket_path.with_name(f".{self.socket_path.name}.{os.getpid()}")
-        tmp.unlink(missing_ok=True)
+        tmp = self.socket_path.with_name(_tmp_name())
         server = _Server(str(tmp), self.monitor)
         try:
             os.chmod(tmp, 0o600)
             os.replace(tmp, self.socket_path)
+            self._socket_id = socket_id(self.socket_path)  # after the rename: it changes the ctime
         except OSError:
             server.server_close()
             tmp.unlink(missing_ok=True)
@@ -166,6 +193,13 @@ class HealthAdminServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._server = None
+        ours, self._socket_id = self._socket_id, None
+        current = socket_id(self.socket_path)
+        if current is None:
+            return
+        if current != ours:
+            log.info("leaving %s: not the socket this daemon bound, another one serves it now", self.socket_path)
+            return
         self.socket_path.unlink(missing_ok=True)
 
 

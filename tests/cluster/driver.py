@@ -117,8 +117,9 @@ class DriverRelease:
             raise ControlPlaneError(f"helm {' '.join(args[:2])} failed:\n{proc.stdout}\n{proc.stderr}")
         return proc
 
-    def install(self, *extra: str, timeout: float = 180.0) -> None:
-        """Import the image (once per node), install or upgrade the release, and wait for registration."""
+    def install(self, *extra: str, timeout: float = 180.0, wait: bool = True) -> None:
+        """Import the image (once per node), install or upgrade the release, and (with `wait`) wait until the
+        DaemonSet is rolled out and the plugin registered."""
         reference = f"{IMAGE_REPOSITORY}:{chart_version()}"
         if reference not in self.node.image_names():
             self.node.import_image(driver_image())
@@ -126,7 +127,29 @@ class DriverRelease:
             "upgrade", "--install", self.release, str(CHART), "--namespace", self.namespace, "--create-namespace",
             *self.values(), *extra,
         )  # fmt: skip
-        self.wait_registered(time.monotonic() + timeout)
+        if wait:
+            deadline = time.monotonic() + timeout
+            self.wait_rollout(deadline)
+            self.wait_registered(deadline)
+
+    def wait_rollout(self, deadline: float) -> None:
+        """Until the DaemonSet's pods all run the current template and no old pod is left."""
+        last: Any = None
+        while time.monotonic() < deadline:
+            ds = self.cp.kubectl_json("get", "daemonset", self.release, "-n", self.namespace)
+            status = ds.get("status", {})
+            desired = status.get("desiredNumberScheduled", -1)
+            last = status
+            if (
+                status.get("observedGeneration") == ds["metadata"]["generation"]
+                and desired >= 1
+                and status.get("updatedNumberScheduled") == desired
+                and status.get("numberAvailable") == desired
+                and len(self.pods()) == desired
+            ):
+                return
+            time.sleep(0.5)
+        raise ControlPlaneError(f"DaemonSet {self.release} not rolled out in time: {last}\n{self.describe()}")
 
     def uninstall(self, timeout: float = 120.0) -> None:
         self.helm_cmd("uninstall", self.release, "--namespace", self.namespace, "--wait", timeout=timeout)

@@ -23,10 +23,14 @@ from tests.cluster.controlplane import (
     go_available,
 )
 from tests.cluster.kueue import ensure_kueue
-from tests.cluster.node import Node, ensure_node_binaries, node_binaries_up_to_date, node_unavailable_reason
+from tests.cluster.node import (
+    NODE_CONTROLLERS,
+    Node,
+    ensure_node_binaries,
+    node_binaries_up_to_date,
+    node_unavailable_reason,
+)
 
-# The driver is a DaemonSet on the real node.
-NODE_CONTROLLERS = (*DEFAULT_CONTROLLERS, "daemonset-controller")
 _bin_dir: Path | None = None
 _unavailable: str | None = None
 _node_unavailable: str | None = None

@@ -15,6 +15,7 @@ network namespaces, cgroups, the bridge and the sysctls the kubelet sets.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from tests.cluster.controlplane import (
+    DEFAULT_CONTROLLERS,
     REPO_ROOT,
     ControlPlane,
     ControlPlaneError,
@@ -37,6 +39,8 @@ from tests.cluster.controlplane import (
     issue_cert,
 )
 
+# A control plane for a real node: its driver is a DaemonSet.
+NODE_CONTROLLERS = (*DEFAULT_CONTROLLERS, "daemonset-controller")
 NODE_BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-node.sh"
 CONTAINERD_TOOLS = ("containerd", "ctr", "containerd-shim-runc-v2")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
@@ -61,6 +65,9 @@ FIXED_HOST_PATHS = (
 # own processes reach it; pods in their network namespaces do not.
 NODE_IP = "192.0.2.1"
 NETNS_DIR = Path("/run/netns")
+# One node on a machine at a time (the kubelet's port, kubepods cgroups, the bridge and the address are the host's):
+# a second start() waits for this lock (parallel test sessions queue instead of breaking each other).
+NODE_LOCK = Path("/run/dra-test-node.lock")
 
 
 class NodeError(ControlPlaneError):
@@ -179,6 +186,8 @@ class Node:
         self._host_before: dict[str, Any] = {}
         self.node_bin_dir: Path | None = None
         self.startup_seconds: float | None = None
+        self._lock_fd: int | None = None
+        self.lock_wait_timeout = float(os.environ.get("DRA_TEST_NODE_LOCK_TIMEOUT", "1800"))
 
     # -- paths ----------------------------------------------------------------------------------------
 
@@ -232,6 +241,7 @@ class Node:
         reason = node_unavailable_reason()
         if reason is not None:
             raise NodeError(reason)
+        self._acquire_host()
         began = time.monotonic()
         try:
             self._start()
@@ -240,6 +250,22 @@ class Node:
             raise
         self.startup_seconds = time.monotonic() - began
         return self
+
+    def _acquire_host(self) -> None:
+        fd = os.open(NODE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+        deadline = time.monotonic() + self.lock_wait_timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise NodeError(
+                        f"another test node holds {NODE_LOCK} (waited {self.lock_wait_timeout:.0f}s)"
+                    ) from None
+                time.sleep(0.5)
+        self._lock_fd = fd
 
     def _start(self) -> None:
         if self._requested_work_dir is not None:
@@ -309,6 +335,9 @@ class Node:
         if self._work is not None and self._requested_work_dir is None and not self.keep_work_dir:
             shutil.rmtree(self._work, ignore_errors=True)
         self._work = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def _host_state(self) -> dict[str, Any]:
         """What a node may change on the host, as plain data (compared by `leftovers`)."""
