@@ -45,7 +45,7 @@ import grpc
 import pynvml
 
 from dra_driver.plugin import crashpoints
-from dra_driver.plugin.grpc.server import socket_id
+from dra_driver.plugin.socket_identity import socket_id
 from dra_driver.plugin.types import ClaimRef, PrepareResult
 from dra_driver.sharing.simulated import SimulatedRunner
 from dra_driver.simulator.nvml import SimulatedNvml

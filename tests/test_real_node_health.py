@@ -21,10 +21,9 @@ import pytest
 
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.cluster.driver import DRIVER_NAME as D
-from tests.cluster.driver import DriverRelease
 from tests.cluster.node import Node
 from tests.polling import wait_until
-from tests.test_real_pods import GPU, NS, Cluster, pod, req, template
+from tests.test_real_pods import GPU, NS, Cluster, deployed, pod, req, template
 
 XID = 79  # "GPU has fallen off the bus": critical, not in the chart's ignored list (13, 31, 43, 45, 68, 109)
 # The kubelet hears of a change at once (the daemon's monitor wakes the stream) and syncs the pod's status at once.
@@ -39,14 +38,8 @@ pytestmark = pytest.mark.timeout(900)
 def cluster(real_node: Node) -> Iterator[Cluster]:
     # Without the metrics port on the host network the DaemonSet's update surges (maxSurge 1): the new driver pod
     # starts beside the old one, as on a production node; the last test relies on it.
-    release = DriverRelease(real_node, values=["--set", "metrics.enabled=false"])
-    release.install()
-    real_node.cp.kubectl("create", "namespace", NS)
-    try:
-        yield Cluster(release)
-    finally:
-        real_node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
-        release.uninstall()
+    with deployed(real_node, values=["--set", "metrics.enabled=false"]) as c:
+        yield c
 
 
 def device_health(cluster: Cluster, name: str) -> dict[str, tuple[str, str]]:
@@ -207,11 +200,7 @@ def test_a_rolling_update_hands_the_health_stream_and_the_admin_socket_over(clus
     [ds] = cluster.cp.kubectl_json("get", "daemonsets", "-n", release.namespace)["items"]
     assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 1, ds["spec"]["updateStrategy"]
     name, ns = ds["metadata"]["name"], release.namespace
-    # The chart's pod has no readiness probe: Ready as soon as its container runs, so the DaemonSet controller
-    # deletes the old pod at once and the two daemons barely overlap (the new one registers seconds later). Keep the
-    # old one until the new one has served for a while, as a readiness probe would (not through the chart:
-    # spec.minReadySeconds is no chart value, and changing it alone starts no update).
-    cluster.cp.kubectl("patch", "daemonset", name, "-n", ns, "--type=merge", "-p", '{"spec": {"minReadySeconds": 10}}')
+    # The chart's readiness probe keeps the old pod until the new one's sockets answer: both serve for a while.
     cluster.cp.kubectl("rollout", "restart", "daemonset", name, "-n", ns)
 
     def handed_over() -> str | None:

@@ -12,26 +12,18 @@ from typing import Any
 import pytest
 
 from tests.cluster.driver import DRIVER_NAME as D
-from tests.cluster.driver import DriverRelease
 from tests.cluster.node import Node
 from tests.polling import wait_until
-from tests.test_real_pods import GPU, NS, Cluster, mig, pod, req, template
+from tests.test_real_pods import GPU, NS, Cluster, deployed, mig, pod, req, template
 
 CRASH_MARKER = "/var/lib/dra-driver/sim/crashed-once"  # in the chart's sim-state hostPath: survives a restart
 
 
 @pytest.fixture(scope="module")
 def cluster(real_node: Node) -> Iterator[Cluster]:
-    release = DriverRelease(real_node)
-    release.install()
-    real_node.cp.kubectl("create", "namespace", NS)
-    c = Cluster(release)
-    c.apply(template("one-gpu", req("gpu", GPU)), template("one-1g", req("gpu", mig("1g.10gb"))))
-    try:
+    with deployed(real_node) as c:
+        c.apply(template("one-gpu", req("gpu", GPU)), template("one-1g", req("gpu", mig("1g.10gb"))))
         yield c
-    finally:
-        real_node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
-        release.uninstall()
 
 
 def kubelet_log_count(node: Node, text: str) -> int:
@@ -39,9 +31,8 @@ def kubelet_log_count(node: Node, text: str) -> int:
 
 
 def driver_pod(cluster: Cluster) -> dict[str, Any]:
-    pod_ = cluster.release.ready_pod()
-    assert pod_ is not None
-    return pod_
+    """The Ready driver pod (a restarted container is Ready again once its sockets answer the readiness probe)."""
+    return dict(wait_until("a Ready driver pod", cluster.release.ready_pod, timeout=60))
 
 
 def delete_and_check_clean(cluster: Cluster, *names: str) -> None:
@@ -69,7 +60,8 @@ def test_a_kubelet_restart_deletes_and_republishes_slices_and_running_pods_keep_
     status, old = after["status"]["containerStatuses"][0], before["status"]["containerStatuses"][0]
     assert after["status"]["phase"] == "Running" and status["restartCount"] == 0
     assert status["containerID"] == old["containerID"]
-    assert cluster.seen("before-restart") == seen
+    # the restarted kubelet serves the container's log again (NotFound until it has synced the pod)
+    wait_until("the same view", lambda: cluster.seen("before-restart") == seen, timeout=30, tolerate_errors=True)
     # a new claim after the restart
     cluster.apply(pod("after-restart", template_name="one-1g"))
     cluster.wait_running("after-restart")

@@ -6,10 +6,11 @@ everything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,16 +174,23 @@ class Cluster:
         return sorted((i, gi.profile_id, gi.start) for i, g in enumerate(state.gpus) for gi in g.gpu_instances)
 
 
-@pytest.fixture(scope="module")
-def cluster(real_node: Node) -> Iterator[Cluster]:
-    release = DriverRelease(real_node)
+@contextlib.contextmanager
+def deployed(node: Node, values: Sequence[str] = ()) -> Iterator[Cluster]:
+    """The driver installed by its chart (extra helm `values`) and the test namespace; both removed at the end."""
+    release = DriverRelease(node, values=values)
     release.install()
-    real_node.cp.kubectl("create", "namespace", NS)
+    node.cp.kubectl("create", "namespace", NS)
     try:
         yield Cluster(release)
     finally:
-        real_node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
+        node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
         release.uninstall()
+
+
+@pytest.fixture(scope="module")
+def cluster(real_node: Node) -> Iterator[Cluster]:
+    with deployed(real_node) as c:
+        yield c
 
 
 def test_pods_see_the_devices_their_claims_were_allocated(cluster: Cluster) -> None:
@@ -272,3 +280,36 @@ def test_deleting_the_pods_unprepares_every_claim(cluster: Cluster) -> None:
     assert cluster.release.checkpoint_claims() == {}
     mps_dir = cluster.release.plugin_dir / "mps"
     assert not mps_dir.exists() or list(mps_dir.iterdir()) == []
+
+
+def test_consumable_capacity_lets_two_claims_share_one_gpu(cluster: Cluster) -> None:
+    """`mode: shared` (a chart upgrade): whole GPUs with allowMultipleAllocations and a memory capacity; the real
+    scheduler gives two claims of 30Gi the same 80 GB GPU (first fit), each with its share recorded."""
+    release = cluster.release
+    release.install("--set", "mode=shared")
+
+    def shared_published() -> bool:
+        devices = [d for s in release.slices() for d in s["spec"].get("devices", [])]
+        return bool(devices) and all(d.get("allowMultipleAllocations") for d in devices)
+
+    wait_until("shared-mode slices", shared_published, timeout=60)
+    memory = {"capacity": {"requests": {"memory": "30Gi"}}}
+    cluster.apply(
+        claim("share-a", req("gpu", GPU, **memory)),
+        claim("share-b", req("gpu", GPU, **memory)),
+        pod("cap-a", claim_name="share-a"),
+        pod("cap-b", claim_name="share-b"),
+    )
+    results = []
+    for name in ("cap-a", "cap-b"):
+        cluster.wait_running(name)
+        cluster.check_sees_its_devices(name)
+        (c,) = cluster.claims_of(name)
+        results += c["status"]["allocation"]["devices"]["results"]
+    assert len({r["device"] for r in results}) == 1, results  # one GPU, two claims
+    assert all(r["consumedCapacity"]["memory"] == "30Gi" and r.get("shareID") for r in results), results
+    assert len({r["shareID"] for r in results}) == 2
+    assert cluster.seen("cap-a")["devices"] == cluster.seen("cap-b")["devices"]
+    cluster.cp.kubectl("delete", "pods", "cap-a", "cap-b", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    wait_until("claim specs removed", lambda: cluster.claim_specs() == [], timeout=60)
+    assert cluster.release.checkpoint_claims() == {}

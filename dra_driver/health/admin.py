@@ -27,25 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.health.monitor import HealthMonitor, Incident, UnknownDeviceError
+from dra_driver.plugin.socket_identity import SocketId, remove_own_socket, socket_id
 from dra_driver.slices.naming import gpu_device_name
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "health.sock"
 MAX_BODY = 64 * 1024
-
-# (st_dev, st_ino, st_ctime_ns), as `dra_driver.plugin.grpc.server.SocketId`: inode numbers are reused once a file
-# is deleted, the ctime tells a later file apart. (Not imported from there: the CLI client would load gRPC.)
-SocketId = tuple[int, int, int]
-
-
-def socket_id(path: Path) -> SocketId | None:
-    """The identity of the file at `path`; None if there is none."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _tmp_name() -> str:
@@ -194,13 +182,7 @@ class HealthAdminServer:
             self._thread.join(timeout=10)
         self._server = None
         ours, self._socket_id = self._socket_id, None
-        current = socket_id(self.socket_path)
-        if current is None:
-            return
-        if current != ours:
-            log.info("leaving %s: not the socket this daemon bound, another one serves it now", self.socket_path)
-            return
-        self.socket_path.unlink(missing_ok=True)
+        remove_own_socket(self.socket_path, ours)
 
 
 class AdminError(RuntimeError):

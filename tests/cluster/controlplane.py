@@ -211,6 +211,30 @@ class _Component:
             return "(no log)"
 
 
+def spawn_component(
+    name: str, binary: Path, args: list[str], env: Mapping[str, str], work_dir: Path, *, append: bool = False
+) -> _Component:
+    """Start `binary` in `work_dir`, output to logs/<name>.log there, dying with this process (PR_SET_PDEATHSIG)."""
+    log_path = work_dir / "logs" / f"{name}.log"
+    log_file = log_path.open("ab" if append else "wb")
+    # Not this process's cluster: no in-cluster service variables, no KUBECONFIG.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
+    environ.pop("KUBECONFIG", None)
+    environ.update(env)
+    process = subprocess.Popen(
+        [str(binary), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=environ,
+        cwd=work_dir,
+        preexec_fn=_die_with_parent,
+    )
+    return _Component(
+        name=name, process=process, log_path=log_path, log_file=log_file, command=[str(binary), *args], env=environ
+    )
+
+
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler on 127.0.0.1, admin kubeconfig included.
 
@@ -537,24 +561,7 @@ class ControlPlane:
 
     def spawn(self, name: str, binary: Path, args: list[str], env: Mapping[str, str] | None = None) -> _Component:
         """Start a process that belongs to this cluster (log in logs/<name>.log; stopped by `stop()`)."""
-        log_path = self.work_dir / "logs" / f"{name}.log"
-        log_file = log_path.open("wb")
-        # Not this process's cluster: no in-cluster service variables, no KUBECONFIG.
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
-        environ.pop("KUBECONFIG", None)
-        environ.update(env or {})
-        process = subprocess.Popen(
-            [str(binary), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=environ,
-            cwd=self.work_dir,
-            preexec_fn=_die_with_parent,
-        )
-        comp = _Component(
-            name=name, process=process, log_path=log_path, log_file=log_file, command=[str(binary), *args], env=environ
-        )
+        comp = spawn_component(name, binary, args, env or {}, self.work_dir)
         self._components.append(comp)
         return comp
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from tests.cluster.controlplane import (
     DEFAULT_CONTROLLERS,
@@ -34,9 +34,9 @@ from tests.cluster.controlplane import (
     ControlPlane,
     ControlPlaneError,
     _Component,
-    _die_with_parent,
     _tail,
     issue_cert,
+    spawn_component,
 )
 
 # A control plane for a real node: its driver is a DaemonSet.
@@ -662,23 +662,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     def _spawn(
         self, name: str, binary: Path, args: list[str], env: Mapping[str, str], *, append: bool = False
     ) -> _Component:
-        log_path = self.work_dir / "logs" / f"{name}.log"
-        log_file: IO[bytes] = log_path.open("ab" if append else "wb")
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
-        environ.pop("KUBECONFIG", None)
-        environ.update(env)
-        process = subprocess.Popen(
-            [str(binary), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=environ,
-            cwd=self.work_dir,
-            preexec_fn=_die_with_parent,
-        )
-        comp = _Component(
-            name=name, process=process, log_path=log_path, log_file=log_file, command=[str(binary), *args], env=environ
-        )
+        comp = spawn_component(name, binary, args, env, self.work_dir, append=append)
         self._components[name] = comp
         return comp
 

@@ -56,6 +56,7 @@ from dra_driver.plugin.grpc.metrics import PluginMetrics
 from dra_driver.plugin.grpc.resource_health import DEFAULT_MAX_STREAMS, DeviceHealthSource, ResourceHealthServicer
 from dra_driver.plugin.grpc.service import DRA_SERVICE, REGISTRATION_SERVICE, DRAService, RegistrationService
 from dra_driver.plugin.grpc.service import RegistrationStatus as RegistrationStatus
+from dra_driver.plugin.socket_identity import SocketId, remove_own_socket, socket_id
 from dra_driver.plugin.types import ClaimPreparer
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,6 @@ MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 RESERVED_WORKERS = 2  # server threads prepares never take: for unprepares and health checks
 DEFAULT_SOCKET_CHECK_INTERVAL_S = 5.0
 
-# (st_dev, st_ino, st_ctime_ns): inode numbers are reused once a file is deleted, the ctime tells a later file apart
-SocketId = tuple[int, int, int]
 
 _umask_lock = threading.Lock()
 
@@ -137,26 +136,6 @@ def _tmp_name() -> str:
     """A private name to bind a socket under, beside its final path (the kubelet's plugin watcher ignores names
     that start with a dot)."""
     return f".tmp-{secrets.token_hex(4)}.sock"
-
-
-def socket_id(path: Path) -> SocketId | None:
-    """The identity of the file at ``path``; None if there is none."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-def _remove_own_socket(path: Path, ours: SocketId | None) -> None:
-    """Remove the socket file this server bound; leave one that replaced it (another instance serves it now)."""
-    current = socket_id(path)
-    if current is None:
-        return
-    if current != ours:
-        log.info("leaving %s: not the socket this server bound, another instance serves it now", path)
-        return
-    path.unlink(missing_ok=True)
 
 
 class PluginServer:
@@ -403,7 +382,7 @@ class PluginServer:
             if server is not None:
                 server.stop(grace).wait()
             try:
-                _remove_own_socket(path, self._socket_ids.pop(path, None))
+                remove_own_socket(path, self._socket_ids.pop(path, None))
             except OSError as exc:
                 log.warning("cannot remove %s: %s", path, exc)
         self._reg_server = None
