@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -74,18 +75,24 @@ def _up(args: argparse.Namespace) -> int:
         _log(f"control plane ready in {cp.startup_seconds:.1f}s at {cp.server}; work dir {cp.work_dir}")
         _log(f"export KUBECONFIG={cp.kubeconfig}  # kubectl: {cp.bin_dir / 'kubectl'}")
         print(cp.kubeconfig, flush=True)
-        while not signals.stop.wait(1.0):
-            if not cp.running:
-                _log(f"a component exited:\n{cp.log_tails()}")
-                return 1
-        _log("stopping")
-        return 0
+        return _run_until_stopped(signals, [("a component", lambda: cp.running, cp.log_tails)])
     except _Interrupted as e:
         _log(f"{e} while starting: stopping")
         return 1
     finally:
         signals.tearing_down()
         cp.stop()
+
+
+def _run_until_stopped(signals: _Signals, watched: list[tuple[str, Callable[[], bool], Callable[[], str]]]) -> int:
+    """Until Ctrl-C or SIGTERM (0), or until one of `watched` (name, alive, logs) is no longer alive (1)."""
+    while not signals.stop.wait(1.0):
+        for name, alive, logs in watched:
+            if not alive():
+                _log(f"{name} exited:\n{logs()}")
+                return 1
+    _log("stopping")
+    return 0
 
 
 def _node_lock_busy() -> bool:
@@ -157,15 +164,13 @@ def _up_real_node(args: argparse.Namespace, signals: _Signals) -> int:
         _log(f'export PATH="{kubectl.parent}:{helm.parent}:$PATH"')
         _log("Ctrl-C (or SIGTERM) stops everything and cleans the host up")
         print(cp.kubeconfig, flush=True)
-        while not signals.stop.wait(1.0):
-            if not cp.running:
-                _log(f"a control-plane component exited:\n{cp.log_tails()}")
-                return 1
-            if not node.kubelet_running():
-                _log(f"the kubelet exited:\n{node.log_tails()}")
-                return 1
-        _log("stopping")
-        return 0
+        return _run_until_stopped(
+            signals,
+            [
+                ("a control-plane component", lambda: cp.running, cp.log_tails),
+                ("the kubelet", node.kubelet_running, node.log_tails),
+            ],
+        )
     except _Interrupted as e:
         _log(f"{e} while starting: stopping")
         return 1
