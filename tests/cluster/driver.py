@@ -13,12 +13,13 @@ import json
 import os
 import subprocess
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, _tail, free_port
-from tests.cluster.node import Node
+from tests.cluster.node import NODE_IP, Node
 
 CHART = REPO_ROOT / "deploy" / "helm" / "dra-driver"
 IMAGE_SCRIPT = REPO_ROOT / "scripts" / "build-driver-image.sh"
@@ -210,10 +211,7 @@ class DriverRelease:
         return f"{pods[-4000:]}\n{self.logs()}\n--- kubelet\n{_tail(self.node.kubelet_log.read_text(errors='replace'))}"
 
     def metrics(self) -> str:
-        import urllib.request
-
-        from tests.cluster.node import NODE_IP
-
+        """The driver's Prometheus text (the pod is on the host network: the node's address)."""
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(f"http://{NODE_IP}:{self.metrics_port}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
