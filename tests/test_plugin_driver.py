@@ -140,7 +140,7 @@ def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
                 "config": [
                     {
                         "source": "FromClass",
-                        "requests": [],
+                        "requests": ["r0"],  # named: a claim-wide one skips MIG devices
                         "opaque": {"driver": DRIVER, "parameters": {"apiVersion": CONFIG_API, "kind": "GpuConfig"}},
                     }
                 ],
@@ -335,6 +335,52 @@ def test_class_then_claim_config_precedence(node: Node) -> None:
     assert resolve(configs[1:2] + configs[2:], DRIVER, "other/sub", "gpu").sharing.time_slicing_config.interval == (
         "Medium"
     )
+
+
+def _gpu_config(kind: str = "GpuConfig", requests: list[str] | None = None, sharing: object = None) -> dict:
+    parameters: dict = {"apiVersion": CONFIG_API, "kind": kind}
+    if sharing is not None:
+        parameters["sharing"] = sharing
+    return {"source": "FromClaim", "requests": requests or [], "opaque": {"driver": DRIVER, "parameters": parameters}}
+
+
+def test_a_claim_wide_config_applies_to_its_own_kind_of_device_only(node: Node) -> None:
+    """NVIDIA's precedence: a config without requests configures the devices of its kind; a claim with a whole
+    GPU and a MIG partition and one claim-wide GpuConfig is prepared, the GpuConfig on the GPU only."""
+    from dra_driver.plugin.claims import AllocatedConfig
+    from dra_driver.plugin.config import resolve
+
+    time_slicing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    configs = [AllocatedConfig.model_validate(_gpu_config(sharing=time_slicing))]
+    assert resolve(configs, DRIVER, "r1", "mig") is None
+    chosen = resolve(configs, DRIVER, "r0", "gpu")
+    assert chosen is not None and chosen.kind == "GpuConfig"
+    mig_wide = [AllocatedConfig.model_validate(_gpu_config("MigDeviceConfig", sharing={"strategy": "MPS"}))]
+    assert resolve(mig_wide, DRIVER, "r0", "gpu") is None
+
+    c = claim(["gpu-1", "gpu-0-mig-1g10gb-19-0"], config=[_gpu_config()])
+    c["spec"]["devices"]["requests"][1]["exactly"]["deviceClassName"] = "mig"
+    node.add(c)
+    result = node.driver().prepare([ref(c)])[c["metadata"]["uid"]]
+    assert not result.error, result.error
+    assert sorted(d.device for d in result.devices) == ["gpu-0-mig-1g10gb-19-0", "gpu-1"]
+
+
+def test_a_config_naming_a_request_of_the_other_kind_is_still_an_error(node: Node) -> None:
+    c = claim(["gpu-1", "gpu-0-mig-1g10gb-19-0"], config=[_gpu_config("MigDeviceConfig", requests=["r0"])])
+    c["spec"]["devices"]["requests"][1]["exactly"]["deviceClassName"] = "mig"
+    node.add(c)
+    d = node.driver()
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "a MigDeviceConfig cannot configure a gpu device (use GpuConfig)" in (result.error or "")
+    _assert_nothing_changed(node, d)
+
+
+def test_an_invalid_claim_wide_config_fails_even_where_it_would_not_apply(node: Node) -> None:
+    c = claim(["gpu-0-mig-1g10gb-19-0"], device_class="mig", config=[_gpu_config(sharing={"strategy": "Often"})])
+    node.add(c)
+    result = node.driver().prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "invalid GpuConfig: sharing.strategy" in (result.error or "")
 
 
 def test_one_hundred_concurrent_prepares_leave_a_consistent_state(node: Node) -> None:

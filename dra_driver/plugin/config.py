@@ -159,8 +159,14 @@ def resolve(
     configs: list[AllocatedConfig], driver: str, request: str, device_type: str
 ) -> GpuConfig | MigDeviceConfig | None:
     """The config for one allocated device: class configs, then claim configs (the allocation lists them in
-    that order already; sorted stably to be sure), the last one that applies wins."""
+    that order already; sorted stably to be sure), the last one that applies wins.
+
+    As in NVIDIA's driver, a config that names no request applies to the devices of its own kind only: a
+    claim-wide GpuConfig leaves the claim's MIG devices alone (and a MigDeviceConfig its whole GPUs). A config
+    that names this device's request must be of its kind: anything else is an error.
+    """
     base = request.split("/", 1)[0]
+    wanted = _KIND_FOR_TYPE[device_type]
     ordered = sorted(configs, key=lambda c: 0 if c.source == "FromClass" else 1)
     chosen: GpuConfig | MigDeviceConfig | None = None
     for c in ordered:
@@ -168,9 +174,10 @@ def resolve(
             continue
         if c.requests and request not in c.requests and base not in c.requests:
             continue
-        chosen = decode(c.opaque.parameters)
-    if chosen is not None and chosen.kind != _KIND_FOR_TYPE[device_type]:
-        raise ConfigError(
-            f"a {chosen.kind} cannot configure a {device_type} device (use {_KIND_FOR_TYPE[device_type]})"
-        )
+        config = decode(c.opaque.parameters)  # invalid is an error even where it would not apply
+        if config.kind != wanted:
+            if not c.requests:
+                continue
+            raise ConfigError(f"a {config.kind} cannot configure a {device_type} device (use {wanted})")
+        chosen = config
     return chosen
