@@ -79,7 +79,7 @@ class Up:
 
 
 @pytest.fixture
-def up(node_binaries: Path, tmp_path: Path) -> Iterator[Up]:
+def up(node_binaries: Path, no_shared_node: None, tmp_path: Path) -> Iterator[Up]:
     """`node_binaries`: skipped where a real node cannot run here (root, runc, cgroups), the binaries built first."""
     u = Up(tmp_path / "up.stderr")
     try:

@@ -1,4 +1,4 @@
-"""The real test node's teardown, in a module of its own so that no other node is alive meanwhile."""
+"""The real test node's teardown, with a node of its own (`no_shared_node` stops the shared one first)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.polling import wait_until
 from tests.test_real_node import run_pod, workload_pod
 
 
-def test_a_stopped_node_leaves_nothing_on_the_host(node_binaries: Path) -> None:
+def test_a_stopped_node_leaves_nothing_on_the_host(node_binaries: Path, no_shared_node: None) -> None:
     """Its own control plane and node (so it runs with no other node alive): a pod running at stop() time, then
     every process, mount, network namespace, cgroup, bridge, address, sysctl and directory checked."""
     with ControlPlane(bin_dir=node_binaries, service_accounts=True) as cp:

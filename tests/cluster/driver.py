@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -222,3 +223,18 @@ class DriverRelease:
         if not path.exists():
             return {}
         return dict(json.loads(path.read_text())["data"]["claims"])
+
+
+def reset_for_next_module(node: Node) -> bool:
+    """Whether the next test module can reuse `node` (see tests.cluster.fixtures.SharedNode): no prepared claim
+    in a driver checkpoint on it and no CDI spec left. If so, the simulated GPUs' state and the plugin
+    directories go, so the next module starts from GPUs as they left the factory and an empty checkpoint."""
+    plugins = node.kubelet_dir / "plugins"
+    for checkpoint in plugins.glob("*/checkpoint.json"):
+        if json.loads(checkpoint.read_text())["data"]["claims"]:
+            return False
+    if any(node.cdi_dir.glob("*.json")) or any(node.cdi_dir.glob("*.yaml")):
+        return False
+    for directory in [node.work_dir / "sim-state", *(d for d in plugins.glob("*") if d.is_dir())]:
+        shutil.rmtree(directory, ignore_errors=True)
+    return True

@@ -22,6 +22,7 @@ from tests.cluster.controlplane import (
     ensure_binaries,
     go_available,
 )
+from tests.cluster.driver import reset_for_next_module
 from tests.cluster.kueue import ensure_kueue
 from tests.cluster.node import (
     NODE_CONTROLLERS,
@@ -42,6 +43,9 @@ def _uses(session: pytest.Session, fixture: str) -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     global _bin_dir, _unavailable, _node_unavailable
+    _shared_node.last_module = next(
+        (item.module for item in reversed(session.items) if "real_node" in getattr(item, "fixturenames", ())), None
+    )
     if not any(
         _uses(session, f)
         for f in ("control_plane", "queueing_cluster", "ungranular_status_cluster", "real_node", "node_binaries")
@@ -87,20 +91,91 @@ def node_binaries() -> Path:
     return _bin_dir
 
 
+class SharedNode:
+    """The real node every module that asks for `real_node` shares: starting a control plane and a node and
+    importing the images costs about 30 s, so it is started once and handed from module to module. A module that
+    failed, or that left pods behind, gets a fresh one for the next module. Tests that start a node of their own
+    (one node per host: the kubelet's port, the host's kubepods cgroups) stop it first (`no_shared_node`)."""
+
+    def __init__(self) -> None:
+        self.node: Node | None = None
+        self.last_module: object = None  # the last module that uses it: the node stops after it, not at exit
+
+    def get(self, bin_dir: Path) -> Node:
+        if self.node is not None and not self._usable(self.node):
+            self.stop()
+        if self.node is None:
+            cp = ControlPlane(bin_dir=bin_dir, service_accounts=True, controllers=NODE_CONTROLLERS)
+            cp.start()
+            node = Node(cp, sandbox_image=images.PAUSE_IMAGE, images=[images.pause_image(), images.workload_image()])
+            try:
+                node.start()
+            except BaseException:
+                node.stop()
+                cp.stop()
+                raise
+            self.node = node
+        return self.node
+
+    @staticmethod
+    def _usable(node: Node) -> bool:
+        """The kubelet still runs, the node is Ready, and the last module left no pod outside kube-system."""
+        if not node.kubelet_running():
+            return False
+        ready = node.cp.kubectl(
+            "get", "node", node.name, "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}', check=False
+        )
+        pods = node.cp.kubectl(
+            "get",
+            "pods",
+            "-A",
+            "-o",
+            "jsonpath={.items[?(@.metadata.namespace!='kube-system')].metadata.name}",
+            check=False,
+        )
+        if ready.stdout.strip() != "True" or pods.returncode != 0 or pods.stdout.strip():
+            return False
+        return reset_for_next_module(node)
+
+    def stop(self) -> None:
+        node, self.node = self.node, None
+        if node is not None:
+            try:
+                node.stop()
+            finally:
+                node.cp.stop()
+
+
+_shared_node = SharedNode()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules that start a node of their own run before the modules sharing one, so the shared node starts once."""
+    own = {item.module for item in items if "no_shared_node" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: 0 if item.module in own else 1)  # stable: the order within each group stays
+
+
+@pytest.fixture(scope="session")
+def shared_node() -> Iterator[SharedNode]:
+    yield _shared_node
+    _shared_node.stop()
+
+
 @pytest.fixture(scope="module")
-def real_node(node_binaries: Path) -> Iterator[Node]:
+def real_node(node_binaries: Path, shared_node: SharedNode, request: pytest.FixtureRequest) -> Iterator[Node]:
     """A real node: containerd + runc + kubelet registered with a control plane of its own (ServiceAccount
     admission on: pods get tokens), the sandbox and test-workload images imported. `real_node.cp` is the cluster.
-    One module at a time (a node takes the kubelet's port and the host's kubepods cgroups): start-up is seconds."""
-    cp = ControlPlane(bin_dir=node_binaries, service_accounts=True, controllers=NODE_CONTROLLERS)
-    cp.start()
-    node = Node(cp, sandbox_image=images.PAUSE_IMAGE, images=[images.pause_image(), images.workload_image()])
-    try:
-        node.start()
-        yield node
-    finally:
-        node.stop()
-        cp.stop()
+    Shared by the modules of a session (see SharedNode); a module that failed hands on a fresh one."""
+    failed_before = request.session.testsfailed
+    yield shared_node.get(node_binaries)
+    if request.session.testsfailed != failed_before or request.module is shared_node.last_module:
+        shared_node.stop()  # a fresh one for the next module; or none left, and the tests after it get the CPUs
+
+
+@pytest.fixture
+def no_shared_node(shared_node: SharedNode) -> None:
+    """For a test that starts a node of its own: the shared node stops first."""
+    shared_node.stop()
 
 
 @pytest.fixture(scope="session")
