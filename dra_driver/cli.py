@@ -37,6 +37,17 @@ def _add_nvml_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-state", type=Path, help="simulator state directory (shared by processes)")
     p.add_argument("--sysfs-root", type=Path, default=Path("/sys"), help="sysfs for PCIe topology (real NVML)")
     p.add_argument("--proc-root", type=Path, default=Path("/proc"), help="procfs for device majors and MIG caps")
+    p.add_argument(
+        "--driver-root",
+        type=Path,
+        help="the NVIDIA driver's files (libraries, nvidia-smi, firmware) as this process sees them "
+        "(default: /; with --sim, the simulated machine's own driver root)",
+    )
+    p.add_argument(
+        "--host-driver-root",
+        type=Path,
+        help="the same directory as the host sees it, for the paths in CDI specs (default: --driver-root)",
+    )
 
 
 def _add_slice_args(p: argparse.ArgumentParser) -> None:
@@ -168,7 +179,10 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         pod_uid=args.pod_uid,
     )
-    run(options, open_source(args.sim, args.sim_state, args.sysfs_root, args.proc_root))
+    source = open_source(
+        args.sim, args.sim_state, args.sysfs_root, args.proc_root, args.driver_root, args.host_driver_root
+    )
+    run(options, source)
     return 0
 
 
@@ -245,12 +259,37 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def cmd_webhook(args: argparse.Namespace) -> int:
+    from dra_driver.webhook.server import run
+    from dra_driver.webhook.tls import TlsError
+
+    try:
+        run(args.driver, args.tls_cert, args.tls_key, args.bind, args.port)
+    except (TlsError, OSError) as e:  # no certificate, or the port is taken
+        print(f"dra-driver: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_webhook_subcommand(sub: Any) -> None:
+    webhook = sub.add_parser(
+        "webhook", help="validating admission webhook: this driver's opaque configs in ResourceClaims (HTTPS)"
+    )
+    webhook.add_argument("--tls-cert", type=Path, required=True, help="PEM certificate (chain); reloaded on change")
+    webhook.add_argument("--tls-key", type=Path, required=True, help="PEM private key of --tls-cert")
+    webhook.add_argument("--port", type=int, default=8443)
+    webhook.add_argument("--bind", default="0.0.0.0", help="address to listen on (:: for IPv6)")
+    webhook.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name whose configs are checked")
+    webhook.set_defaults(func=cmd_webhook)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dra-driver", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
     add_cel_subcommand(sub)
     add_simulate_subcommand(sub)
+    _add_webhook_subcommand(sub)
 
     inv = sub.add_parser("inventory", help="discover GPUs and print this node's ResourceSlices")
     _add_nvml_args(inv)

@@ -15,6 +15,10 @@ class NvmlSource:
     sysfs_root: Path
     proc_root: Path  # /proc/devices and the MIG capability files
     description: str
+    # The NVIDIA driver's user-space files (libraries, binaries, firmware) as this process reads them, and as the
+    # host sees them (the paths CDI specs name): /driver-root and /run/nvidia/driver for a GPU Operator install.
+    driver_root: Path = Path("/")
+    host_driver_root: Path = Path("/")
 
 
 def default_sim_state_dir(machine: str) -> Path:
@@ -29,11 +33,24 @@ def open_source(
     sim_state: Path | None = None,
     sysfs_root: Path = Path("/sys"),
     proc_root: Path = Path("/proc"),
+    driver_root: Path | None = None,
+    host_driver_root: Path | None = None,
 ) -> NvmlSource:
-    """`sim_machine` selects a simulated machine (state shared through `sim_state`); None means real NVML."""
+    """`sim_machine` selects a simulated machine (state shared through `sim_state`); None means real NVML.
+    `driver_root`: default `/` (a simulated machine: its own simulated driver root); `host_driver_root`: default
+    `driver_root`."""
     if sim_machine is None:
-        return NvmlSource(real_nvml(), sysfs_root, proc_root, "NVML (libnvidia-ml)")
+        root = driver_root or Path("/")
+        return NvmlSource(real_nvml(), sysfs_root, proc_root, "NVML (libnvidia-ml)", root, host_driver_root or root)
     from dra_driver.simulator.nvml import SimulatedNvml
 
     sim = SimulatedNvml(sim_machine, sim_state or default_sim_state_dir(sim_machine))
-    return NvmlSource(sim, sim.sysfs_root, sim.proc_root, f"simulated {sim_machine} (state in {sim.state_dir})")
+    root = driver_root or sim.driver_root
+    return NvmlSource(
+        sim,
+        sim.sysfs_root,
+        sim.proc_root,
+        f"simulated {sim_machine} (state in {sim.state_dir})",
+        root,
+        host_driver_root or root,
+    )
