@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dra_driver.cdi.devnodes import CharDevice
 
@@ -26,16 +26,34 @@ class DeviceNode(_Cdi):
     permissions: str = "rwm"
 
 
-class Mount(_Cdi):  # sharing (MPS)
+class Mount(_Cdi):  # driver files, sharing (MPS)
     host_path: str = Field(alias="hostPath")
     container_path: str = Field(alias="containerPath")
     options: list[str] | None = None
 
 
+class Hook(_Cdi):  # OCI hooks, e.g. NVIDIA's nvidia-cdi-hook
+    hook_name: Literal["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"] = (
+        Field(alias="hookName")
+    )
+    path: str
+    args: list[str] | None = None
+    env: list[str] | None = None
+    timeout: int | None = Field(default=None, gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"hook path {path!r} is not absolute")
+        return path
+
+
 class ContainerEdits(_Cdi):
     env: list[str] | None = None
     device_nodes: list[DeviceNode] | None = Field(default=None, alias="deviceNodes")
-    mounts: list[Mount] | None = None  # sharing (MPS)
+    mounts: list[Mount] | None = None
+    hooks: list[Hook] | None = None
 
 
 class CdiDevice(_Cdi):
@@ -81,8 +99,15 @@ def _node(d: CharDevice) -> DeviceNode:
     return DeviceNode(path=d.path, major=d.major, minor=d.minor, file_mode=d.file_mode)
 
 
-def claim_spec(driver: str, claim_uid: str, devices: dict[str, list[CharDevice]], uuids: list[str]) -> CdiSpec:
+def claim_spec(
+    driver: str,
+    claim_uid: str,
+    devices: dict[str, list[CharDevice]],
+    uuids: list[str],
+    common: ContainerEdits | None = None,
+) -> CdiSpec:
     """`devices`: allocated device name -> the character devices it needs (control nodes included).
+    `common`: edits every container with a GPU needs whatever the device (the driver's libraries and binaries).
 
     NVIDIA_VISIBLE_DEVICES lists every UUID of the claim at spec level: spec-level edits apply to any container
     that gets a device of this claim, and per-device env of the same name would overwrite each other.
@@ -98,5 +123,11 @@ def claim_spec(driver: str, claim_uid: str, devices: dict[str, list[CharDevice]]
         cdi_version=minimum_version(cdi_devices),
         kind=f"{vendor(driver)}/{CDI_CLASS}",
         devices=cdi_devices,
-        container_edits=ContainerEdits(env=[f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"]),
+        container_edits=_with_common(common, f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"),
     )
+
+
+def _with_common(common: ContainerEdits | None, visible: str) -> ContainerEdits:
+    if common is None:
+        return ContainerEdits(env=[visible])
+    return common.model_copy(update={"env": [*(common.env or []), visible]}, deep=True)

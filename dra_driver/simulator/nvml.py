@@ -34,6 +34,7 @@ from dra_driver.simulator.catalog import (
     machine,
     product,
 )
+from dra_driver.simulator.driverroot import ensure_driver_root
 from dra_driver.simulator.events import GPU_LEVEL, EventSetState, EventStore
 from dra_driver.simulator.mig_rules import MigRuleError
 from dra_driver.simulator.procfs import write_fake_procfs
@@ -116,11 +117,17 @@ class SimulatedNvml:
         self.sysfs_root = write_fake_sysfs(
             self.state_dir / "sys", [g.pci_bus_id for g in self.spec.gpus], [g.pcie_root for g in self.spec.gpus]
         )
+        ensure_driver_root(self.driver_root, self.spec.driver_version)
         self._init_count = 0
         self.gpu_uuids = [
             "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.spec.name}/{i}/{g.pci_bus_id}"))
             for i, g in enumerate(self.spec.gpus)
         ]
+
+    @property
+    def driver_root(self) -> Path:
+        """The driver's user-space files (libraries, binaries, firmware), as a host has them under `/`."""
+        return self.state_dir / "driver-root"
 
     def _sync_procfs(self, state: MachineState) -> None:
         write_fake_procfs(self.proc_root, state, self.minors)
@@ -739,3 +746,28 @@ class SimulatedNvml:
         return int(t.ecc_corrected_aggregate if corrected else t.ecc_uncorrected_aggregate)
 
     # ===== end of telemetry (issue 7) =================================================================
+
+    # ===== compute mode (sharing) =====================================================================
+    # Kept with the simulated driver tools' time slices and MPS daemons (dra_driver.simulator.tools.state), so
+    # that `nvidia-smi -c`, NVML and every process see one value. A MIG device runs under its GPU's mode and
+    # cannot be given one of its own.
+    def _compute_mode_state(self) -> Any:
+        from dra_driver.simulator.tools.state import SharingState
+
+        return SharingState(self.state_dir)
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        index = self._ci(handle)[0] if _decode(handle)[0] == _KIND_MIG_DEVICE else self._gpu(handle)[0]
+        return int(self._compute_mode_state().compute_mode(self.gpu_uuids[index]))
+
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            self._ci(handle)
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        index = self._gpu(handle)[0]
+        modes = (pynvml.NVML_COMPUTEMODE_DEFAULT, pynvml.NVML_COMPUTEMODE_PROHIBITED)
+        if mode not in (*modes, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS):  # EXCLUSIVE_THREAD is long gone
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._compute_mode_state().set_compute_mode(self.gpu_uuids[index], int(mode))
+
+    # ===== end of compute mode (sharing) ==============================================================

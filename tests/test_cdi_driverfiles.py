@@ -1,0 +1,359 @@
+"""Discovering the driver's user-space files under a driver root and turning them into CDI edits
+(dra_driver.cdi.driverfiles), on simulated driver roots laid out as a host's `/` and as the GPU Operator's
+/run/nvidia/driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra_driver.cdi.devnodes import CharDevice
+from dra_driver.cdi.driverfiles import (
+    FILE_MOUNT_OPTIONS,
+    SOCKET_MOUNT_OPTIONS,
+    DriverFiles,
+    common_edits,
+    discover_driver_files,
+    resolve_in_root,
+)
+from dra_driver.cdi.ldcache import serialize
+from dra_driver.cdi.spec import ContainerEdits, Hook, Mount, claim_spec
+from dra_driver.cdi.store import CdiStore
+from dra_driver.simulator.driverroot import ensure_driver_root, ldconfig_entries, library_dir, multiarch
+from tests.test_cdi import _validate, cdivalidate  # noqa: F401  (the session fixture that builds the validator)
+
+V550, V570 = "550.54.15", "570.124.06"
+LIB = f"/usr/lib/{multiarch()}"
+KERNEL = "6.1.0-test"
+
+
+def discover(root: Path, version: str = V550) -> DriverFiles:
+    return discover_driver_files(root, version, kernel_release=KERNEL)
+
+
+def names(paths: list[str] | tuple[str, ...]) -> list[str]:
+    return sorted(os.path.basename(p) for p in paths)
+
+
+def test_discovers_a_simulated_driver_root(tmp_path: Path) -> None:
+    files = discover(ensure_driver_root(tmp_path / "root", V550))
+    assert files.warnings == ()
+    libs = {lib.path: lib for lib in files.libraries}
+    assert f"{LIB}/libcuda.so.{V550}" in libs and f"{LIB}/libnvidia-ml.so.{V550}" in libs
+    assert all(p.endswith(f".so.{V550}") for p in libs)
+    cuda = libs[f"{LIB}/libcuda.so.{V550}"]
+    assert cuda.soname == "libcuda.so.1"
+    assert {(s.link, s.target) for s in cuda.links} == {
+        (f"{LIB}/libcuda.so.1", f"libcuda.so.{V550}"),
+        (f"{LIB}/libcuda.so", "libcuda.so.1"),
+    }
+    assert libs[f"{LIB}/libnvidia-gpucomp.so.{V550}"].links == ()  # soname == file name, no .so link on the host
+    assert libs[f"{LIB}/libcudadebugger.so.{V550}"].links[0].link == f"{LIB}/libcudadebugger.so.1"
+    assert len(libs[f"{LIB}/libcudadebugger.so.{V550}"].links) == 1  # the host has no libcudadebugger.so
+    assert files.library_dirs == (LIB,)
+    assert [b.path for b in files.binaries] == [
+        "/usr/bin/nvidia-smi",
+        "/usr/bin/nvidia-debugdump",
+        "/usr/bin/nvidia-persistenced",
+        "/usr/bin/nvidia-cuda-mps-control",
+        "/usr/bin/nvidia-cuda-mps-server",
+    ]
+    assert [f.path for f in files.firmware] == [
+        f"/lib/firmware/nvidia/{V550}/gsp_ga10x.bin",
+        f"/lib/firmware/nvidia/{V550}/gsp_tu10x.bin",
+    ]
+    assert [s.path for s in files.sockets] == ["/run/nvidia-persistenced/socket"]
+
+
+def test_mounts_for_a_host_root(tmp_path: Path) -> None:
+    root = ensure_driver_root(tmp_path / "root", V550)
+    edits = common_edits(discover(root), "/")
+    mounts = {m.container_path: m for m in edits.mounts or []}
+    lib = mounts[f"{LIB}/libcuda.so.{V550}"]
+    assert (lib.host_path, lib.options) == (f"{LIB}/libcuda.so.{V550}", list(FILE_MOUNT_OPTIONS))
+    # no hook: the soname and .so links are bind mounts of the versioned file itself
+    assert mounts[f"{LIB}/libcuda.so.1"].host_path == f"{LIB}/libcuda.so.{V550}"
+    assert mounts[f"{LIB}/libcuda.so"].host_path == f"{LIB}/libcuda.so.{V550}"
+    assert mounts["/run/nvidia-persistenced/socket"].options == list(SOCKET_MOUNT_OPTIONS)
+    assert mounts[f"/lib/firmware/nvidia/{V550}/gsp_ga10x.bin"].options == list(FILE_MOUNT_OPTIONS)
+    assert mounts["/usr/bin/nvidia-smi"].host_path == "/usr/bin/nvidia-smi"
+    assert edits.hooks is None and edits.env is None
+    assert len(mounts) == len(edits.mounts or [])  # one mount per container path
+
+
+def test_gpu_operator_root_seen_at_another_path_by_the_plugin(tmp_path: Path) -> None:
+    """The host has the driver at /run/nvidia/driver; the plugin container mounts it at /driver-root."""
+    host = tmp_path / "host"
+    ensure_driver_root(host / "run" / "nvidia" / "driver", V550)
+    plugin_view = tmp_path / "driver-root"
+    plugin_view.symlink_to(host / "run" / "nvidia" / "driver")
+    files = discover(plugin_view)
+    assert files.warnings == ()
+    edits = common_edits(files, Path("/run/nvidia/driver"))
+    for m in edits.mounts or []:
+        assert m.host_path.startswith("/run/nvidia/driver/"), m
+        assert not m.container_path.startswith("/run/nvidia/driver"), m
+        assert os.path.lexists(host / m.host_path.lstrip("/")), m.host_path  # the host really has it there
+    mounts = {m.container_path: m.host_path for m in edits.mounts or []}
+    assert mounts[f"{LIB}/libcuda.so.1"] == f"/run/nvidia/driver{LIB}/libcuda.so.{V550}"
+    assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi"
+
+
+def test_absolute_symlinks_resolve_inside_the_root(tmp_path: Path) -> None:
+    """A usrmerge root (/lib -> /usr/lib) whose cache lists /lib paths, and an absolute binary link: nothing may
+    resolve to the plugin's own / (which has no such files, or worse, other ones)."""
+    root = ensure_driver_root(tmp_path / "root", V550)
+    (root / "lib" / multiarch()).parent.mkdir(parents=True, exist_ok=True)
+    (root / "lib" / multiarch()).symlink_to(f"/usr/lib/{multiarch()}")  # absolute, meant inside the root
+    entries = ldconfig_entries(root, [f"/lib/{multiarch()}"])
+    assert entries and all(e.path.startswith(f"/lib/{multiarch()}/") for e in entries)
+    (root / "etc" / "ld.so.cache").write_bytes(serialize(entries))
+    smi = root / "usr" / "bin" / "nvidia-smi"
+    smi.rename(root / "usr" / "bin" / "nvidia-smi.real")
+    smi.symlink_to("/usr/bin/nvidia-smi.real")
+    files = discover(root)
+    assert files.warnings == ()
+    assert files.library_dirs == (LIB,)
+    smi_file = next(b for b in files.binaries if b.path == "/usr/bin/nvidia-smi")
+    assert smi_file.resolved == "/usr/bin/nvidia-smi.real"
+    assert resolve_in_root(root, f"/lib/{multiarch()}/libcuda.so.1") == f"{LIB}/libcuda.so.{V550}"
+    assert resolve_in_root(root, "/lib/../../../../etc/passwd") is None  # `..` stops at the root
+
+
+def test_without_ldcache_the_standard_directories_are_searched(tmp_path: Path) -> None:
+    root = ensure_driver_root(tmp_path / "root", V550)
+    expected = discover(root).libraries
+    (root / "etc" / "ld.so.cache").unlink()
+    files = discover(root)
+    assert files.libraries == expected
+    assert any("no /etc/ld.so.cache" in w for w in files.warnings)
+    (root / "etc" / "ld.so.cache").write_bytes(b"garbage" * 20)
+    files = discover(root)
+    assert files.libraries == expected
+    assert any("cannot read /etc/ld.so.cache" in w for w in files.warnings)
+
+
+def test_a_custom_library_directory_is_found_only_through_the_cache(tmp_path: Path) -> None:
+    root = ensure_driver_root(tmp_path / "root", V550)
+    (root / "opt" / "nvidia").mkdir(parents=True)
+    library_dir(root).rename(root / "opt" / "nvidia" / "lib")
+    (root / "etc" / "ld.so.cache").write_bytes(serialize(ldconfig_entries(root, ["/opt/nvidia/lib"])))
+    files = discover(root)
+    assert files.library_dirs == ("/opt/nvidia/lib",) and len(files.libraries) >= 10
+    (root / "etc" / "ld.so.cache").unlink()
+    files = discover(root)
+    assert files.libraries == ()
+    assert any(f"no library of driver {V550}" in w for w in files.warnings)
+
+
+def test_missing_and_damaged_files_are_left_out_with_warnings(tmp_path: Path) -> None:
+    root = ensure_driver_root(tmp_path / "root", V550)
+    lib = library_dir(root)
+    shutil.rmtree(root / "lib" / "firmware")
+    (root / "usr" / "bin" / "nvidia-debugdump").unlink()
+    (root / "run" / "nvidia-persistenced" / "socket").unlink()
+    (lib / f"libnvidia-dangling.so.{V550}").symlink_to(f"libnvidia-gone.so.{V550}")
+    (lib / f"libnvidia-text.so.{V550}").write_text("not ELF\n")
+    (lib / "libnvidia-cfg.so.1").unlink()
+    (lib / "libnvidia-cfg.so.1").symlink_to("nowhere")  # a dangling soname link: still a link to replace
+    files = discover(root)
+    text = "\n".join(files.warnings)
+    assert "no GSP firmware" in text and "nvidia-debugdump not found" in text
+    assert f"libnvidia-dangling.so.{V550} is a dangling symlink" in text
+    assert f"libnvidia-text.so.{V550}" in text and "not an ELF file" in text
+    assert files.firmware == () and files.sockets == ()
+    libs = {os.path.basename(lib.path): lib for lib in files.libraries}
+    assert f"libnvidia-dangling.so.{V550}" not in libs
+    assert libs[f"libnvidia-text.so.{V550}"].links == ()  # mounted as found, without links
+    assert f"{LIB}/libnvidia-cfg.so.1" in {s.link for s in libs[f"libnvidia-cfg.so.{V550}"].links}
+    assert "nvidia-debugdump" not in names([b.path for b in files.binaries])
+    edits = common_edits(files, "/")
+    assert all(os.path.exists(root / m.host_path.lstrip("/")) for m in edits.mounts or [])
+
+
+def test_firmware_is_searched_where_the_kernel_looks(tmp_path: Path) -> None:
+    root = ensure_driver_root(tmp_path / "root", V550)
+    updates = root / "lib" / "firmware" / "updates" / KERNEL / "nvidia"
+    updates.mkdir(parents=True)
+    (root / "lib" / "firmware" / "nvidia" / V550).rename(updates / V550)
+    assert [f.path for f in discover(root).firmware] == [
+        f"/lib/firmware/updates/{KERNEL}/nvidia/{V550}/gsp_ga10x.bin",
+        f"/lib/firmware/updates/{KERNEL}/nvidia/{V550}/gsp_tu10x.bin",
+    ]
+    other_kernel = discover_driver_files(root, V550, kernel_release="5.15.0-other")
+    assert other_kernel.firmware == () and any("no GSP firmware" in w for w in other_kernel.warnings)
+
+
+def test_a_missing_driver_root_gives_no_edits(tmp_path: Path) -> None:
+    files = discover(tmp_path / "absent")
+    assert files.libraries == () and "is not a directory" in files.warnings[0]
+    assert common_edits(files, "/") == ContainerEdits()
+
+
+def test_two_driver_versions_side_by_side(tmp_path: Path) -> None:
+    root = ensure_driver_root(tmp_path / "root", V550)
+    ensure_driver_root(root, V570)  # libcuda.so.1 etc. now point to 570
+    old = discover(root, V550)
+    assert old.libraries and all(lib.path.endswith(f".so.{V550}") for lib in old.libraries)
+    assert [f.path for f in old.firmware] == [
+        f"/lib/firmware/nvidia/{V550}/gsp_ga10x.bin",
+        f"/lib/firmware/nvidia/{V550}/gsp_tu10x.bin",
+    ]
+    assert len(old.warnings) == 1 and "point to another driver version" in old.warnings[0]
+    edits = common_edits(old, "/")
+    assert not [m for m in edits.mounts or [] if V570 in m.host_path]  # never a file of the other driver
+    mounts = {m.container_path: m.host_path for m in edits.mounts or []}
+    assert mounts[f"{LIB}/libcuda.so.1"] == f"{LIB}/libcuda.so.{V550}"
+    hooked = common_edits(old, "/", hook_path="/usr/bin/nvidia-cdi-hook")
+    assert f"libcuda.so.{V550}::{LIB}/libcuda.so.1" in ((hooked.hooks or [])[0].args or [])
+    new = discover(root, V570)
+    assert new.warnings == () and all(lib.path.endswith(f".so.{V570}") for lib in new.libraries)
+
+
+def test_hook_mode_emits_nvidia_cdi_hook_calls(tmp_path: Path) -> None:
+    files = discover(ensure_driver_root(tmp_path / "root", V550))
+    edits = common_edits(files, "/run/nvidia/driver", hook_path="/usr/local/nvidia/bin/nvidia-cdi-hook")
+    assert [m.container_path for m in edits.mounts or []].count(f"{LIB}/libcuda.so.1") == 0  # the hook makes it
+    symlinks, ldcache = edits.hooks or []
+    assert symlinks.hook_name == "createContainer" and symlinks.path == "/usr/local/nvidia/bin/nvidia-cdi-hook"
+    assert symlinks.env == ["NVIDIA_CTK_DEBUG=false"]
+    args = symlinks.args or []
+    assert args[:2] == ["nvidia-cdi-hook", "create-symlinks"]
+    links = args[3::2]
+    assert args[2::2] == ["--link"] * len(links)
+    assert f"libcuda.so.1::{LIB}/libcuda.so" in links and f"libcuda.so.{V550}::{LIB}/libcuda.so.1" in links
+    assert f"libnvidia-ml.so.1::{LIB}/libnvidia-ml.so" in links
+    assert ldcache.args == ["nvidia-cdi-hook", "update-ldcache", "--folder", LIB]
+    assert edits.env == [f"NVIDIA_CTK_LIBCUDA_DIR={LIB}"]
+    ctk = common_edits(files, "/", hook_path="/usr/bin/nvidia-ctk")
+    assert [(h.args or [])[:3] for h in ctk.hooks or []] == [
+        ["nvidia-ctk", "hook", "create-symlinks"],
+        ["nvidia-ctk", "hook", "update-ldcache"],
+    ]
+
+
+def test_claim_spec_puts_common_edits_at_spec_level_before_visible_devices() -> None:
+    common = ContainerEdits(
+        env=["A=1"],
+        mounts=[Mount(host_path="/h/libcuda.so.1", container_path="/c/libcuda.so.1", options=["ro"])],
+        hooks=[Hook(hook_name="createContainer", path="/usr/bin/nvidia-cdi-hook", args=["nvidia-cdi-hook"])],
+    )
+    node = CharDevice(path="/dev/nvidia0", major=195, minor=0, file_mode=0o666)
+    spec = claim_spec("gpu.example.com", "uid-1", {"gpu-0": [node]}, ["GPU-a"], common=common)
+    assert spec.container_edits is not None
+    assert spec.container_edits.env == ["A=1", "NVIDIA_VISIBLE_DEVICES=GPU-a"]
+    assert spec.container_edits.mounts == common.mounts and spec.container_edits.hooks == common.hooks
+    assert common.env == ["A=1"]  # the shared common edits are not modified
+    plain = claim_spec("gpu.example.com", "uid-1", {"gpu-0": [node]}, ["GPU-a"])
+    assert plain.to_json_dict()["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-a"]}
+    with pytest.raises(ValueError, match="not absolute"):
+        Hook(hook_name="createContainer", path="nvidia-cdi-hook")
+
+
+@pytest.mark.parametrize("hook_path", [None, "/usr/bin/nvidia-cdi-hook"])
+def test_specs_with_driver_files_pass_the_official_validator(
+    tmp_path: Path,
+    cdivalidate: Path,  # noqa: F811
+    hook_path: str | None,
+) -> None:
+    files = discover(ensure_driver_root(tmp_path / "root", V550))
+    common = common_edits(files, "/run/nvidia/driver", hook_path=hook_path)
+    node = CharDevice(path="/dev/nvidia0", major=195, minor=0, file_mode=0o666)
+    spec = claim_spec("gpu.example.com", "0f1e-uid", {"gpu-0": [node]}, ["GPU-a"], common=common)
+    path = CdiStore(tmp_path / "cdi", "gpu.example.com").write("0f1e-uid", spec)
+    out = _validate(cdivalidate, path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(path.read_text())
+    assert len(doc["containerEdits"]["mounts"]) == len(common.mounts or []) >= 20
+    assert ("hooks" in doc["containerEdits"]) == (hook_path is not None)
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+_LOAD = """
+import ctypes, sys
+try:
+    ctypes.CDLL(sys.argv[1])
+except OSError as e:
+    print("FAILED", e)
+    sys.exit(3)
+print(next(line.split()[-1] for line in open("/proc/self/maps") if sys.argv[1] in line))
+"""
+
+
+def _load_in_container(tmp_path: Path, mounts: list[Mount], library: str) -> subprocess.CompletedProcess[str]:
+    """Bind-mount each CDI mount under a fake container root in a private mount namespace (as the runtime
+    does), then dlopen `library` by name from the container's library directory."""
+    ctr = tmp_path / "ctr"
+    lines = ["set -e"]
+    for m in mounts:
+        target = ctr / m.container_path.lstrip("/")
+        lines += [f"mkdir -p {shlex.quote(str(target.parent))}", f": > {shlex.quote(str(target))}"]
+        lines.append(f"mount --bind {shlex.quote(m.host_path)} {shlex.quote(str(target))}")
+    libdir = ctr / LIB.lstrip("/")
+    lines.append(
+        f"LD_LIBRARY_PATH={shlex.quote(str(libdir))} {shlex.quote(sys.executable)} -c {shlex.quote(_LOAD)} {library}"
+    )
+    return subprocess.run(["unshare", "-rm", "sh", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="no unprivileged mount namespaces (unshare -rm) on this host")
+def test_the_container_loader_finds_libcuda_through_the_soname_mount(tmp_path: Path) -> None:
+    root = ensure_driver_root(tmp_path / "root", V550)
+    edits = common_edits(discover(root), root)  # the test process sees the host root where it is
+    mounts = edits.mounts or []
+    ctr_lib = tmp_path / "ctr" / LIB.lstrip("/")
+    for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"):
+        out = _load_in_container(tmp_path, mounts, name)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.strip() == str(ctr_lib / name)
+    only_versioned = [m for m in mounts if not m.container_path.endswith((".so.1", ".so"))]
+    out = _load_in_container(tmp_path, only_versioned, "libcuda.so.1")  # without the soname mount: not found
+    assert out.returncode == 3 and "libcuda.so.1" in out.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvidia-ctk") is None, reason="nvidia-ctk (NVIDIA Container Toolkit) is not installed")
+def test_matches_nvidia_ctk_on_the_host_driver_root(tmp_path: Path) -> None:
+    """On a GPU host with the toolkit: the same driver files as `nvidia-ctk cdi generate` (NVML mode needs the
+    real driver, so this runs against `/` with the running driver's version)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+    except pynvml.NVMLError as e:
+        pytest.skip(f"no NVIDIA driver on this host: {e}")
+    out = tmp_path / "nvidia.json"
+    gen = subprocess.run(
+        ["nvidia-ctk", "cdi", "generate", "--driver-root", "/", "--format", "json", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert gen.returncode == 0, gen.stderr
+    theirs = json.loads(out.read_text())["containerEdits"]
+    files = discover_driver_files(Path("/"), version if isinstance(version, str) else version.decode())
+    ours = common_edits(files, "/", hook_path="/usr/bin/nvidia-cdi-hook")
+    their_files = {m["containerPath"] for m in theirs.get("mounts", [])}
+    our_files = {m.container_path for m in ours.mounts or []}
+    assert {p for p in their_files if ".so." in p or "firmware" in p} == {
+        p for p in our_files if ".so." in p or "firmware" in p
+    }
+    their_hooks = [h["args"] for h in theirs.get("hooks", [])]
+    assert _links(their_hooks) == _links([h.args or [] for h in ours.hooks or []])
+
+
+def _links(hook_args: list[list[str]]) -> set[str]:
+    return {args[i + 1] for args in hook_args for i, a in enumerate(args[:-1]) if a == "--link"}
