@@ -166,6 +166,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         cdi_root=args.cdi_root,
         mode=PublishMode(args.mode),
         feature_gates=features.parse(args.feature_gates),
+        cdi_hook_path=args.cdi_hook_path,
     )
     options = DaemonOptions(
         settings,
@@ -283,6 +284,43 @@ def _add_webhook_subcommand(sub: Any) -> None:
     webhook.set_defaults(func=cmd_webhook)
 
 
+def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
+    from dra_driver.sharing.mps_control_daemon import MpsSettings, run
+
+    settings = MpsSettings(args.active_thread_percentage, tuple(args.pinned_mem_limit))
+    return run(args.driver_root, settings, args.ready_file, start_timeout=args.start_timeout)
+
+
+def _pinned_mem_limit(text: str) -> tuple[int, str]:
+    from dra_driver.sharing.mps_control_daemon import parse_pinned
+
+    try:
+        return parse_pinned(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_mps_control_daemon_subcommand(sub: Any) -> None:
+    mps = sub.add_parser(
+        "mps-control-daemon",
+        help="a claim's MPS control daemon in the foreground, set up (the main process of its pod; "
+        "CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY and CUDA_VISIBLE_DEVICES from the environment)",
+    )
+    mps.add_argument("--driver-root", type=Path, default=Path("/"), help="holds usr/bin/nvidia-cuda-mps-control")
+    mps.add_argument("--ready-file", type=Path, required=True, help="written once the daemon runs with its settings")
+    mps.add_argument("--active-thread-percentage", type=int, help="set_default_active_thread_percentage")
+    mps.add_argument(
+        "--pinned-mem-limit",
+        type=_pinned_mem_limit,
+        action="append",
+        default=[],
+        metavar="INDEX=LIMIT",
+        help="set_default_device_pinned_mem_limit, e.g. 0=1024M (repeatable)",
+    )
+    mps.add_argument("--start-timeout", type=float, default=60.0, help="seconds for the daemon to answer")
+    mps.set_defaults(func=cmd_mps_control_daemon)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dra-driver", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -290,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cel_subcommand(sub)
     add_simulate_subcommand(sub)
     _add_webhook_subcommand(sub)
+    _add_mps_control_daemon_subcommand(sub)
 
     inv = sub.add_parser("inventory", help="discover GPUs and print this node's ResourceSlices")
     _add_nvml_args(inv)
@@ -310,6 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin-dir", type=Path, help="default /var/lib/kubelet/plugins/<driver>")
     plugin.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
+    plugin.add_argument(
+        "--cdi-hook-path",
+        help="NVIDIA's nvidia-cdi-hook (or nvidia-ctk) as the host's runtime finds it: CDI specs then use its "
+        "update-ldcache and create-symlinks hooks instead of a bind mount per library link",
+    )
     _add_pod_uid_arg(
         plugin,
         "this pod's UID, put in the kubelet socket names (dra-<uid>.sock, <driver>-<uid>-reg.sock) so that the old "

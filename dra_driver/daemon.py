@@ -89,6 +89,8 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         sysfs_root=source.sysfs_root,
         proc_root=source.proc_root,
         boot_id=current_boot_id(),
+        driver_root=source.driver_root,
+        host_driver_root=source.host_driver_root,
     )
     settings = options.settings
     version = options.k8s_version or server_minor(api)

@@ -105,7 +105,7 @@ def run_demo(machine: str, driver_name: str = A.DEFAULT_DRIVER_NAME, workdir: Pa
         allocated = [c for c in claims if "status" in c]
         settings = PluginSettings(driver=driver_name, pool=NODE, plugin_dir=root / "plugin", cdi_root=root / "cdi")
         plugin = Driver(settings, sim, StaticClaimSource(claims, classes), sysfs_root=sim.sysfs_root,
-                        proc_root=sim.proc_root, boot_id="demo")  # fmt: skip
+                        proc_root=sim.proc_root, boot_id="demo", driver_root=sim.driver_root)  # fmt: skip
         sockets = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # AF_UNIX paths must stay short
         server = PluginServer(plugin, driver_name, sockets / "plugin", sockets / "registry", serialize=False)
         kubelet = KubeletHarness(sockets / "registry", driver_name)

@@ -94,6 +94,7 @@ class Node:
             proc_root=self.sim.proc_root,
             boot_id=boot_id,
             sharing_runner=sharing_runner,
+            driver_root=self.sim.driver_root,  # CDI specs with the simulated driver's libraries, as in production
         )
 
     def mig_instances(self) -> list[tuple[int, int, int]]:

@@ -45,6 +45,31 @@ def test_specs_of_whole_gpus_and_mig_devices_pass_the_official_validator(tmp_pat
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": ok") == 3
 
+    for f in files:  # every claim's spec carries the driver's user-space files, once, at spec level
+        spec = json.loads(f.read_text())
+        mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+        version = d.inventory.driver_version
+        lib = next(p for p in mounts if p.endswith(f"/libcuda.so.{version}")).rsplit("/", 1)[0]
+        assert mounts[f"{lib}/libcuda.so.1"] == str(node.sim.driver_root) + f"{lib}/libcuda.so.{version}"
+        assert f"{lib}/libnvidia-ml.so.1" in mounts and "/usr/bin/nvidia-smi" in mounts
+        assert all("mounts" not in dev["containerEdits"] for dev in spec["devices"])
+
+
+def test_a_driver_upgrade_under_the_plugin_changes_the_files_of_later_claims(tmp_path: Path) -> None:
+    from dra_driver.simulator.driverroot import ensure_driver_root
+
+    node = Node(tmp_path)
+    d = node.driver()
+    old = d.inventory.driver_version
+    ensure_driver_root(node.sim.driver_root, "999.1.2")
+    d.refresh_inventory(d.inventory.model_copy(update={"driver_version": "999.1.2"}))
+    c = claim(["gpu-0"])
+    node.add(c)
+    assert d.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
+    spec = json.loads(next(node.cdi_root.glob("*.json")).read_text())
+    paths = [m["containerPath"] for m in spec["containerEdits"]["mounts"]]
+    assert any(p.endswith("libcuda.so.999.1.2") for p in paths)
+    assert not any(p.endswith(f"libcuda.so.{old}") for p in paths)
 
 def test_the_validator_rejects_what_runtimes_reject(tmp_path: Path, cdivalidate: Path) -> None:
     node = Node(tmp_path)

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap_nodes
-from dra_driver.cdi.spec import cdi_device_id, claim_spec
+from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
+from dra_driver.cdi.spec import ContainerEdits, cdi_device_id, claim_spec
 from dra_driver.cdi.store import CdiStore
 from dra_driver.nvml.api import NvmlLibrary
 from dra_driver.nvml.discovery import discover
@@ -88,6 +89,9 @@ class PluginSettings:
     cdi_root: Path
     mode: PublishMode = PublishMode.PARTITIONABLE
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(features.DEFAULTS))
+    # NVIDIA's `nvidia-cdi-hook` (or `nvidia-ctk`) on the host: CDI specs then carry its update-ldcache and
+    # create-symlinks hooks instead of a bind mount per library link (cdi.driverfiles.common_edits)
+    cdi_hook_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ class Driver:
         proc_root: Path,
         boot_id: str,
         sharing_runner: CommandRunner | None = None,  # None: the runner matching `lib` (sharing.default_runner)
+        driver_root: Path | None = None,  # the driver's files as this process reads them; None: CDI specs without
+        host_driver_root: Path | None = None,  # the same directory as the host sees it (default: driver_root)
     ) -> None:
         self.settings = settings
         self.lib = lib
@@ -117,6 +123,9 @@ class Driver:
         self.proc_root = proc_root
         self.inventory = discover(lib, sysfs_root)
         self.catalog = build_catalog(self.inventory, settings.mode)
+        self.driver_root = driver_root
+        self.host_driver_root = host_driver_root or driver_root
+        self.driver_edits = self._driver_edits(self.inventory)
         self.cdi = CdiStore(settings.cdi_root, settings.driver)
         settings.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._thread_lock = threading.Lock()
@@ -135,10 +144,22 @@ class Driver:
         """Adopt a new discovery; True when the devices this node publishes changed (MIG instances that the
         driver itself carves do not count: they are not published)."""
         catalog = build_catalog(inventory, self.settings.mode)
+        # a driver upgrade under a running plugin: the next claims get the new version's files
+        edits = self._driver_edits(inventory) if inventory.driver_version != self.inventory.driver_version else None
         with self._thread_lock:
             changed = {n: e.device for n, e in catalog.items()} != {n: e.device for n, e in self.catalog.items()}
             self.inventory, self.catalog = inventory, catalog
+            if edits is not None:
+                self.driver_edits = edits
         return changed
+
+    def _driver_edits(self, inventory: Inventory) -> ContainerEdits | None:
+        """The driver's libraries, binaries, firmware and sockets for every claim's CDI spec (found once per
+        driver version: 20-70 ms)."""
+        if self.driver_root is None or self.host_driver_root is None:
+            return None
+        files = discover_driver_files(self.driver_root, inventory.driver_version)
+        return common_edits(files, self.host_driver_root, hook_path=self.settings.cdi_hook_path)
 
     @contextmanager
     def _locked(self, deadline: float | None = None) -> Iterator[None]:
@@ -281,7 +302,8 @@ class Driver:
                 for p, record, uuid in zip(planned, entry.devices, uuids, strict=True)
             ]
             edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save)  # recorded in the checkpoint
-            self.cdi.write(ref.uid, with_edits(claim_spec(self.settings.driver, ref.uid, nodes, uuids), edits))
+            spec = claim_spec(self.settings.driver, ref.uid, nodes, uuids, common=self.driver_edits)
+            self.cdi.write(ref.uid, with_edits(spec, edits))
             crashpoints.reached("prepare.cdi-written")
             entry.state = ClaimState.PREPARE_COMPLETED
             self.checkpoint.put(entry)
