@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import dra_driver
 from dra_driver.cdi.elf import read_elf
 from dra_driver.cdi.ldcache import read_cache
 from dra_driver.simulator.driverroot import TOOLS, ensure_driver_root, library_dir, multiarch
@@ -80,10 +81,9 @@ def test_driver_root_layout(tmp_path: Path) -> None:
     for tool in TOOLS:
         script = root / "usr" / "bin" / tool
         assert stat.S_IMODE(script.stat().st_mode) == 0o755
-        assert script.read_text() == (
-            "#!/opt/py/bin/python3\nimport sys\nfrom dra_driver.simulator.tools import main\n"
-            f"sys.exit(main({tool!r}, sys.argv))\n"
-        )
+        text = script.read_text()
+        assert text.startswith("#!/bin/sh\n") and f" {tool} " in text
+        assert f'try "/opt/py/bin/python3" "{Path(dra_driver.__file__).resolve().parent}" "$@"' in text
     firmware = root / "lib" / "firmware" / "nvidia" / V550
     assert sorted(p.name for p in firmware.iterdir()) == ["gsp_ga10x.bin", "gsp_tu10x.bin"]
     assert stat.S_ISSOCK((root / "run" / "nvidia-persistenced" / "socket").lstat().st_mode)
@@ -153,9 +153,27 @@ def test_simulated_nvml_has_a_driver_root_of_its_driver_version(tmp_path: Path) 
     version = sim.nvmlSystemGetDriverVersion()
     assert sim.driver_root == tmp_path / "gpu" / "driver-root"
     assert read_elf(library_dir(sim.driver_root) / f"libcuda.so.{version}").soname == "libcuda.so.1"
-    assert (sim.driver_root / "usr" / "bin" / "nvidia-smi").read_text().startswith(f"#!{sys.executable}\n")
+    assert f'try "{sys.executable}" ' in (sim.driver_root / "usr" / "bin" / "nvidia-smi").read_text()
 
 
 def test_invalid_versions_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="invalid driver version"):
         ensure_driver_root(tmp_path, "../550")
+
+
+def test_a_root_shared_by_two_pythons_runs_its_tools_with_the_one_that_exists_here(tmp_path: Path) -> None:
+    """The plugin's container and the host share a simulated root (a hostPath), each writing its own Python into
+    the tool scripts: a script runs with the first interpreter whose dra_driver package exists where it runs."""
+    root = tmp_path / "state" / "driver-root"
+    ensure_driver_root(root, V550)  # this process: the one that can run the tools here
+    ensure_driver_root(root, V550, tool_python=str(tmp_path / "container" / "python3"))  # not on this machine
+    text = (root / "usr" / "bin" / "nvidia-debugdump").read_text()
+    assert text.index("container/python3") < text.index(sys.executable)  # the last writer's comes first
+    out = subprocess.run([root / "usr" / "bin" / "nvidia-debugdump"], capture_output=True, text=True, timeout=60)
+    assert "not supported by the simulated driver" in out.stdout + out.stderr  # tools.main ran: a Python was found
+    ensure_driver_root(root, V550)  # a writer already listed changes nothing: no rewrite back and forth
+    assert (root / "usr" / "bin" / "nvidia-debugdump").read_text() == text
+    only_elsewhere = tmp_path / "other" / "driver-root"
+    ensure_driver_root(only_elsewhere, V550, tool_python=str(tmp_path / "container" / "python3"))
+    out = subprocess.run([only_elsewhere / "usr" / "bin" / "nvidia-smi"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 127 and "no Python with the dra_driver package" in out.stderr

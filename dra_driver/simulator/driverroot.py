@@ -8,9 +8,9 @@ ld.so.cache, the binaries, the GSP firmware, the persistenced socket).
     lib/firmware/nvidia/<ver>/gsp_ga10x.bin, gsp_tu10x.bin
     run/nvidia-persistenced/socket
 
-The binaries are Python scripts calling `dra_driver.simulator.tools.main(<name>, argv)` (all five: the tools
-module answers "unsupported" for the ones it does not simulate). The simulated machine's state directory is the
-parent of the driver root.
+The binaries are shell scripts running `dra_driver.simulator.tools.main(<name>, argv)` with a Python that has
+the package (all five: the tools module answers "unsupported" for the ones it does not simulate). The simulated
+machine's state directory is the parent of the driver root.
 
 Calling it again rewrites only what differs (each file through a temp file and a rename), so concurrent callers
 never see a half-written file; a second version installed into the same root lies next to the first, its links
@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import stat
 import sys
 import threading
 from pathlib import Path
 
+import dra_driver
 from dra_driver.cdi.driverfiles import resolve_in_root
 from dra_driver.cdi.elf import ElfError, read_elf
 from dra_driver.cdi.ldcache import CacheEntry, flags_for, libcmp, serialize
@@ -50,11 +52,38 @@ _LIBRARIES: dict[str, tuple[str, bool]] = {
 }
 TOOLS = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-debugdump", "nvidia-persistenced")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
-_TOOL_SCRIPT = """#!{python}
-import sys
-from dra_driver.simulator.tools import main
-sys.exit(main({tool!r}, sys.argv))
+# A shell script, not a Python one: the plugin's container and the host may share one simulated root (a hostPath),
+# each with its own Python. Every writer adds its interpreter and its dra_driver package directory; the first pair
+# present where the script runs wins.
+_TOOL_SCRIPT = """#!/bin/sh
+# Simulated {tool} (dra_driver.simulator.tools), run with the first Python that has dra_driver here.
+try() {{
+  py=$1 pkg=$2
+  shift 2
+  if [ -x "$py" ] && [ -d "$pkg" ]; then
+    exec "$py" -c 'import sys, dra_driver.simulator.tools as t; sys.exit(t.main(sys.argv[1], sys.argv[2:]))' \\
+      {tool} "$self" "$@"
+  fi
+}}
+self=$0
+{candidates}
+echo "{tool} (simulated): no Python with the dra_driver package on this machine" >&2
+exit 127
 """
+_CANDIDATE = re.compile(r'^try "([^"]+)" "([^"]+)" "\$@"$', re.MULTILINE)
+_MAX_CANDIDATES = 4
+
+
+def _tool_script(path: Path, tool: str, python: str) -> bytes:
+    """The script for `tool` naming `python` (and this process's dra_driver) plus the pairs already in it."""
+    own = (python, str(Path(dra_driver.__file__).resolve().parent))
+    try:
+        known = _CANDIDATE.findall(path.read_text())
+    except (FileNotFoundError, UnicodeDecodeError):
+        known = []
+    pairs = known if own in known else [own, *known][:_MAX_CANDIDATES]
+    lines = "\n".join(f'try "{py}" "{pkg}" "$@"' for py, pkg in pairs)
+    return _TOOL_SCRIPT.format(tool=tool, candidates=lines).encode()
 
 
 def multiarch() -> str:
@@ -83,8 +112,8 @@ def ensure_driver_root(root: Path, driver_version: str, *, tool_python: str = sy
             if dev_link:
                 _symlink(libdir / f"{base}.so", soname)
     for tool in TOOLS:
-        script = _TOOL_SCRIPT.format(python=tool_python, tool=tool)
-        _write(root / "usr" / "bin" / tool, script.encode(), 0o755)
+        path = root / "usr" / "bin" / tool
+        _write(path, _tool_script(path, tool, tool_python), 0o755)
     for name in FIRMWARE:
         blob = f"simulated GSP firmware {name} of NVIDIA driver {driver_version}\n".encode()
         _write(root / "lib" / "firmware" / "nvidia" / driver_version / name, blob, 0o644)
