@@ -47,11 +47,13 @@ import pynvml
 from dra_driver.plugin import crashpoints
 from dra_driver.plugin.socket_identity import socket_id
 from dra_driver.plugin.types import ClaimRef, PrepareResult
-from dra_driver.sharing.simulated import SimulatedRunner
+from dra_driver.sharing import DriverRootRunner
 from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.simulator.tools.state import SharingState
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from tests.daemon_zygote import Zygote, ZygoteChild, die_with_parent
 from tests.kubelet_harness import KubeletHarness
+from tests.sharing_helpers import stop_daemons
 
 DRIVER = DEFAULT_DRIVER_NAME
 MACHINE = "dgx-h100"
@@ -358,6 +360,7 @@ class DaemonNode:
 
     def close(self) -> None:
         self.stop()
+        stop_daemons(self.state)  # MPS daemons are processes of their own: a failed trial may leave some
         shutil.rmtree(self.registry_dir, ignore_errors=True)
 
     def wipe(self) -> None:
@@ -434,7 +437,10 @@ class DaemonNode:
         return sorted(p.name for p in self.cdi_root.glob("*.json")) if self.cdi_root.is_dir() else []
 
     def sharing_state(self) -> dict[str, Any]:
-        return SimulatedRunner(self.state, lambda _: False).read()
+        state = SharingState(self.state)
+        data = state.read()
+        data["mps"] = state.daemons()  # the daemons that run (a killed one leaves its record)
+        return data
 
     def mps_dirs(self) -> list[str]:
         root = self.plugin_dir / "mps"
@@ -466,7 +472,9 @@ class DaemonNode:
         pipe = self.plugin_dir / "mps" / orphan / "pipe"
         pipe.mkdir(parents=True)
         env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_VISIBLE_DEVICES": self.gpu_uuid(5)}
-        SimulatedRunner.for_simulator(sim).run(["nvidia-cuda-mps-control", "-d"], env=env)
+        started = DriverRootRunner(sim.driver_root).run(["nvidia-cuda-mps-control", "-d"], env=env)
+        if started.returncode != 0:
+            raise RuntimeError(f"orphan MPS daemon did not start: {started.stderr}")
         return orphan
 
 

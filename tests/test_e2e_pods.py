@@ -195,10 +195,10 @@ def test_pods_get_gpus_mig_partitions_and_shared_gpus(node: Node) -> None:
     assert {d["name"].split("-", 5)[-1] for d in spec["devices"]} == {d.device for d in filled.devices}
     shared = [r for name in ("share-0", "share-1", "share-2") for _, r in prepared[name]]
     assert len({r.devices[0].device for r in shared}) == 1  # one time-sliced GPU for the three pods
-    from dra_driver.sharing.simulated import SimulatedRunner
+    from dra_driver.simulator.tools.state import SharingState
 
     shared_uuid = node.driver.catalog[shared[0].devices[0].device].gpu.uuid
-    smi = [c for c in SimulatedRunner.for_simulator(node.sim).calls if shared_uuid in " ".join(c.get("argv", []))]
+    smi = [c for c in SharingState(node.sim.state_dir).calls if shared_uuid in " ".join(c.get("argv", []))]
     assert any("--set-timeslice" in c.get("argv", []) for c in smi), smi  # the class's time-slicing config applied
     assert len(list(node.cdi_root.glob("*.json"))) == 5  # whole, pair, small, filled, shared
 

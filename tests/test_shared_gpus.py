@@ -71,3 +71,45 @@ def test_claims_share_a_gpu_and_each_is_prepared(tmp_path: Path) -> None:
     assert out["uid-a"].devices[0].device == out["uid-b"].devices[0].device  # two claims hold one GPU
     assert len(node.cdi_files()) == 3
     assert all(e == "" for e in d.unprepare([ref(c) for c in claims]).values()) and node.cdi_files() == []
+
+
+def _timesliced(c: dict, interval: str) -> dict:
+    params = {"apiVersion": "gpu.resource.dra-driver.dev/v1alpha1", "kind": "GpuConfig",
+              "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}  # fmt: skip
+    c["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "requests": [], "opaque": {"driver": "gpu.dra-driver.dev", "parameters": params}}
+    ]
+    return c
+
+
+def test_two_claims_on_one_gpu_never_overwrite_or_reset_each_others_time_slice(tmp_path: Path) -> None:
+    """Through the plugin (the checkpoint says who else holds the GPU): A Long, then B Short is refused naming A,
+    C Long shares A's setting; unpreparing C leaves Long to A, unpreparing A resets the GPU to Default."""
+    from dra_driver.simulator.tools.state import SharingState
+
+    node = Node(tmp_path)
+    sim = node.sim
+    sim.nvmlInit()
+    slices = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name="node-a",
+                                               mode=PublishMode.SHARED)]  # fmt: skip
+    claims = [_claim(n, "10Gi") for n in ("a", "b", "c")]
+    report = simulate(slices, [GPU_CLASS], claims, node="node-a")
+    for c, o in zip(claims, report.outcomes, strict=True):
+        c["status"] = {"allocation": o.allocation}
+    a, b, c = _timesliced(claims[0], "Long"), _timesliced(claims[1], "Short"), _timesliced(claims[2], "Long")
+    gpu = {x["status"]["allocation"]["devices"]["results"][0]["device"] for x in (a, b, c)}
+    assert len(gpu) == 1  # first fit: all three on one GPU
+    node.add(a, b, c)
+    d = node.driver(mode=PublishMode.SHARED)
+    uuid = sim.gpu_uuids[int(gpu.pop().removeprefix("gpu-"))]
+    state = SharingState(sim.state_dir)
+    assert d.prepare([ref(a)])["uid-a"].error == ""
+    assert state.timeslice(uuid) == 3  # Long
+    refused = d.prepare([ref(b)])["uid-b"].error
+    assert "default/a" in refused or "uid-a" in refused, refused
+    assert "Long" in refused and state.timeslice(uuid) == 3
+    assert len(node.cdi_files()) == 1  # B left nothing behind
+    assert d.prepare([ref(c)])["uid-c"].error == ""
+    assert d.unprepare([ref(c)])["uid-c"] == "" and state.timeslice(uuid) == 3  # A still runs with Long
+    assert d.unprepare([ref(a)])["uid-a"] == "" and state.timeslice(uuid) == 0  # the last one leaves: Default
+    assert node.cdi_files() == []

@@ -1,26 +1,32 @@
-"""Sharing applied at prepare: time-slice intervals and a per-claim MPS control daemon, undone at unprepare,
-after a failure and after a crash (dra_driver.sharing)."""
+"""Sharing applied at prepare: time-slice intervals, compute modes and a per-claim MPS control daemon, undone at
+unprepare, after a failure and after a crash (dra_driver.sharing), through the simulated driver tools run as real
+processes from the simulated driver root (dra_driver.simulator.tools)."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.plugin import driver as driver_module
 from dra_driver.plugin.checkpoint import ClaimState
 from dra_driver.plugin.driver import Driver
-from dra_driver.sharing import CommandResult, RealRunner, SharingManager, SimulatedRunner, default_runner
-from dra_driver.sharing.simulated import STATE_FILE
+from dra_driver.sharing import CommandResult, DriverRootRunner, RealRunner, SharingError, SharingManager, default_runner
+from dra_driver.simulator.elf import shared_object
+from dra_driver.simulator.tools.state import STATE_FILE, SharingState
 from tests.plugin_helpers import DRIVER, Node, claim, ref
+from tests.sharing_helpers import daemon_pids, no_daemon_left
 from tests.test_cdi import _validate, cdivalidate  # noqa: F401  (the session fixture that builds the validator)
 
 CONFIG_API = "gpu.resource.dra-driver.dev/v1alpha1"
+EXCLUSIVE = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 
 
 class Killed(BaseException):  # like SIGKILL: no except-block runs
@@ -52,14 +58,19 @@ def mps(percentage: int | None = None, pinned: str | None = None, **kw: Any) -> 
 
 
 class Recording:
-    """Wraps a runner; `fail(argv, input)` may return a result to answer instead, or raise (a crash)."""
+    """The node's tools (its driver root's, real processes), recording each call as the manager makes it (tool
+    name, its environment, stdin). `fail(argv, input)` may return a result to answer instead (the tool does not
+    run) or raise; `after(argv, input)` runs once the tool did. Reads the tools' shared state."""
 
-    def __init__(self, inner: SimulatedRunner) -> None:
-        self.inner = inner
+    def __init__(self, node: Node) -> None:
+        self.inner = DriverRootRunner(node.sim.driver_root)
+        self.state = SharingState(node.sim.state_dir)
+        self.calls: list[dict[str, Any]] = []
         self.fail: Any = None
         self.after: Any = None
 
     def run(self, argv: list[str], *, env: Any = None, input: str | None = None) -> CommandResult:
+        self.calls.append({"argv": list(argv), "env": dict(env or {}), "input": input})
         if self.fail is not None and (answer := self.fail(argv, input)) is not None:
             return answer  # type: ignore[no-any-return]
         result = self.inner.run(argv, env=env, input=input)
@@ -67,15 +78,26 @@ class Recording:
             self.after(argv, input)
         return result
 
+    def timeslice(self, uuid: str) -> int:
+        return self.state.timeslice(uuid)
+
+    def mode(self, uuid: str) -> int:
+        return self.state.compute_mode(uuid)
+
+    def daemons(self) -> dict[str, dict[str, Any]]:
+        return self.state.daemons()
+
 
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
-    return Node(tmp_path)
+def node(tmp_path: Path) -> Iterator[Node]:
+    node = Node(tmp_path)
+    with no_daemon_left(node.sim.state_dir):
+        yield node
 
 
 @pytest.fixture
-def runner(node: Node) -> SimulatedRunner:
-    return SimulatedRunner.for_simulator(node.sim)
+def runner(node: Node) -> Recording:
+    return Recording(node)
 
 
 def start(node: Node, runner: Any) -> Driver:
@@ -94,39 +116,70 @@ def mps_root(node: Node) -> Path:
     return node.plugin_dir / "mps"
 
 
-def assert_nothing_left(node: Node, d: Driver, runner: SimulatedRunner) -> None:
+def query(uuid: str) -> list[str]:
+    return ["nvidia-smi", "--query-gpu=compute_mode", "--format=csv,noheader", "-i", uuid]
+
+
+def set_slice(uuid: str, interval: int) -> list[str]:
+    return ["nvidia-smi", "compute-policy", "-i", uuid, "--set-timeslice", str(interval)]
+
+
+def set_mode(uuid: str, mode: str) -> list[str]:
+    return ["nvidia-smi", "-i", uuid, "-c", mode]
+
+
+def assert_nothing_left(node: Node, d: Driver, runner: Recording) -> None:
     assert node.cdi_files() == [] and d.checkpoint.claims == {} and node.mig_instances() == []
     assert all(runner.timeslice(u) == 0 for u in node.sim.gpu_uuids)
-    assert runner.daemons() == {}
+    assert all(runner.mode(u) == pynvml.NVML_COMPUTEMODE_DEFAULT for u in node.sim.gpu_uuids)
+    assert runner.daemons() == {} and daemon_pids(node.sim.state_dir) == []
     assert not mps_root(node).exists() or list(mps_root(node).iterdir()) == []
 
 
 # ----- time-slicing ---------------------------------------------------------------------------------------------
-def test_time_slice_is_set_recorded_and_reset(node: Node, runner: SimulatedRunner) -> None:
+def test_time_slice_is_set_recorded_and_reset(node: Node, runner: Recording) -> None:
     c = claim(["gpu-3"], config=[time_slicing("Long")])
     node.add(c)
     d = start(node, runner)
     assert d.prepare([ref(c)])[uid(c)].error == ""
     gpu = d.inventory.gpu_by_minor(3).uuid
-    assert runner.calls[-1]["argv"] == ["nvidia-smi", "compute-policy", "-i", gpu, "--set-timeslice", "3"]
+    assert [call["argv"] for call in runner.calls] == [query(gpu), set_slice(gpu, 3)]  # Default already: no -c
     assert runner.timeslice(gpu) == 3
-    # the state lives in a file under the simulator's state directory: another process sees it
+    # the tools ran as processes: their state is a file under the simulator's state directory
     assert (node.sim.state_dir / STATE_FILE).exists()
-    assert SimulatedRunner.for_simulator(node.sim).timeslice(gpu) == 3
+    tool_calls = [c["argv"] for c in runner.state.calls]
+    assert tool_calls[-1] == [str(node.sim.driver_root / "usr" / "bin" / "nvidia-smi"), *set_slice(gpu, 3)[1:]]
     record = d.checkpoint.claims[uid(c)].devices[0].sharing
-    assert record == {"strategy": "TimeSlicing", "gpuUuid": gpu, "interval": 3, "applied": True}
+    assert record == {"strategy": "TimeSlicing", "gpuUuid": gpu, "interval": 3, "computeMode": "Default",
+                      "applied": True}  # fmt: skip
     saved = json.loads((node.plugin_dir / "checkpoint.json").read_text())
     assert saved["data"]["claims"][uid(c)]["devices"][0]["sharing"] == record
-    again = d.prepare([ref(c)])[uid(c)]  # idempotent: no second command
-    assert again.error == "" and len(runner.calls) == 1
+    again = d.prepare([ref(c)])[uid(c)]  # idempotent: no command
+    assert again.error == "" and len(runner.calls) == 2
     assert d.unprepare([ref(c)]) == {uid(c): ""}
-    assert runner.calls[-1]["argv"] == ["nvidia-smi", "compute-policy", "-i", gpu, "--set-timeslice", "0"]
+    assert [call["argv"] for call in runner.calls[2:]] == [set_slice(gpu, 0)]
     assert_nothing_left(node, d, runner)
 
 
-def test_time_slicing_without_interval_means_default_and_mig_devices_get_none(
-    node: Node, runner: SimulatedRunner
-) -> None:
+def test_time_slicing_sets_compute_mode_default_and_restores_the_mode_found(node: Node, runner: Recording) -> None:
+    gpu = node.sim.gpu_uuids[1]
+    runner.state.set_compute_mode(gpu, EXCLUSIVE)  # an administrator's choice, before the claim
+    c = claim(["gpu-1"], config=[time_slicing("Medium")])
+    node.add(c)
+    d = start(node, runner)
+    assert d.prepare([ref(c)])[uid(c)].error == ""
+    assert [call["argv"] for call in runner.calls] == [query(gpu), set_mode(gpu, "DEFAULT"), set_slice(gpu, 2)]
+    handle = node.sim.nvmlDeviceGetHandleByUUID(gpu)
+    assert node.sim.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT  # NVML sees what was set
+    assert d.checkpoint.claims[uid(c)].devices[0].sharing["computeMode"] == "Exclusive_Process"  # type: ignore[index]
+    assert d.unprepare([ref(c)]) == {uid(c): ""}
+    assert [call["argv"] for call in runner.calls[3:]] == [set_slice(gpu, 0), set_mode(gpu, "EXCLUSIVE_PROCESS")]
+    assert node.sim.nvmlDeviceGetComputeMode(handle) == EXCLUSIVE
+    runner.state.set_compute_mode(gpu, pynvml.NVML_COMPUTEMODE_DEFAULT)
+    assert_nothing_left(node, d, runner)
+
+
+def test_time_slicing_without_interval_means_default_and_mig_devices_get_none(node: Node, runner: Recording) -> None:
     whole = claim(["gpu-0"], config=[time_slicing()])
     part = claim(
         ["gpu-1-mig-1g10gb-19-0"], device_class="mig", config=[cfg({"strategy": "TimeSlicing"}, kind="MigDeviceConfig")]
@@ -137,57 +190,64 @@ def test_time_slicing_without_interval_means_default_and_mig_devices_get_none(
     results = d.prepare([ref(whole), ref(part), ref(plain)])
     assert all(r.error == "" for r in results.values()), results
     gpu0 = d.inventory.gpu_by_minor(0).uuid
-    assert [call["argv"] for call in runner.calls] == [
-        ["nvidia-smi", "compute-policy", "-i", gpu0, "--set-timeslice", "0"]
-    ]
+    assert [call["argv"] for call in runner.calls] == [query(gpu0), set_slice(gpu0, 0)]
     assert d.checkpoint.claims[uid(part)].devices[0].sharing is None
     assert d.checkpoint.claims[uid(plain)].devices[0].sharing is None
     assert all(e == "" for e in d.unprepare([ref(whole), ref(part), ref(plain)]).values())
     assert_nothing_left(node, d, runner)
 
 
-def test_an_unknown_gpu_uuid_is_a_per_claim_error_and_changes_nothing(node: Node) -> None:
-    sim_runner = SimulatedRunner.for_simulator(node.sim)
+def test_a_gpu_nvidia_smi_cannot_find_is_a_per_claim_error_and_changes_nothing(node: Node, runner: Recording) -> None:
     gone = node.sim.gpu_uuids[1]  # nvidia-smi no longer sees this GPU (NVML still lists it)
-    runner = SimulatedRunner(node.sim.state_dir, lambda u: u != gone and sim_runner.known(u))
+    runner.fail = lambda argv, _: CommandResult(argv, 6, "No devices were found\n", "") if gone in argv else None
     both = claim(["gpu-0", "gpu-1"], config=[time_slicing("Short")])
     shared = claim(["gpu-1"], config=[mps(50)])
     fine = claim(["gpu-2"], config=[time_slicing("Medium")])
     node.add(both, shared, fine)
     d = start(node, runner)
     results = d.prepare([ref(both), ref(shared), ref(fine)])
-    assert "set time slice of GPU " + gone in results[uid(both)].error
-    assert "exited with 6: No devices were found" in results[uid(both)].error
-    assert "start MPS control daemon" in results[uid(shared)].error
-    assert "no such devices " + gone in results[uid(shared)].error
-    assert results[uid(both)].devices == [] and results[uid(shared)].devices == []
+    for c in (both, shared):
+        assert f"read compute mode of GPU {gone}" in results[uid(c)].error
+        assert "exited with 6: No devices were found" in results[uid(c)].error
+        assert results[uid(c)].devices == []
     assert results[uid(fine)].error == ""  # the other claim of the same call is not affected
     gpu0 = node.sim.gpu_uuids[0]
-    assert [c["argv"][-1] for c in runner.calls if gpu0 in c["argv"]] == ["1", "0"]  # set, then reset
+    assert [c["argv"] for c in runner.calls if gpu0 in c["argv"]] == [query(gpu0)]  # read before any change
     assert runner.timeslice(gpu0) == 0 and runner.timeslice(gone) == 0
     assert set(d.checkpoint.claims) == {uid(fine)}
     assert node.cdi_files() == [spec_file_name(DRIVER, uid(fine))]
-    assert list(mps_root(node).iterdir()) == [] and runner.daemons() == {}
+    assert not mps_root(node).exists() and runner.daemons() == {}  # no MPS directory was even made
     d.unprepare([ref(fine)])
     assert_nothing_left(node, d, runner)
 
 
-def test_a_reset_that_fails_keeps_the_claim_for_the_kubelet_to_retry(node: Node, runner: SimulatedRunner) -> None:
+def test_a_set_that_fails_midway_is_undone(node: Node, runner: Recording) -> None:
+    second = node.sim.gpu_uuids[1]
+    runner.fail = lambda argv, _: CommandResult(argv, 15, "GPU is lost\n", "") if argv == set_slice(second, 1) else None
+    c = claim(["gpu-0", "gpu-1"], config=[time_slicing("Short")])
+    node.add(c)
+    d = start(node, runner)
+    assert "exited with 15: GPU is lost" in d.prepare([ref(c)])[uid(c)].error
+    first = node.sim.gpu_uuids[0]
+    assert [c["argv"][-1] for c in runner.calls if first in c["argv"] and "compute-policy" in c["argv"]] == ["1", "0"]
+    assert_nothing_left(node, d, runner)
+
+
+def test_a_reset_that_fails_keeps_the_claim_for_the_kubelet_to_retry(node: Node, runner: Recording) -> None:
     c = claim(["gpu-0"], config=[time_slicing("Long")])
     node.add(c)
-    wrapped = Recording(runner)
-    d = start(node, wrapped)
+    d = start(node, runner)
     assert d.prepare([ref(c)])[uid(c)].error == ""
-    wrapped.fail = lambda argv, _: CommandResult(argv, 15, "", "GPU is lost") if argv[-1] == "0" else None
+    runner.fail = lambda argv, _: CommandResult(argv, 15, "GPU is lost", "") if argv[-1] == "0" else None
     assert "GPU is lost" in d.unprepare([ref(c)])[uid(c)]
     assert uid(c) in d.checkpoint.claims and node.cdi_files() != []
-    wrapped.fail = None
+    runner.fail = None
     assert d.unprepare([ref(c)]) == {uid(c): ""}
     assert_nothing_left(node, d, runner)
 
 
 # ----- MPS ------------------------------------------------------------------------------------------------------
-def test_mps_daemon_directories_and_cdi_edits(node: Node, runner: SimulatedRunner) -> None:
+def test_mps_daemon_directories_and_cdi_edits(node: Node, runner: Recording) -> None:
     c = claim(["gpu-4", "gpu-5"], config=[mps(50, "10Gi")])
     node.add(c)
     d = start(node, runner)
@@ -195,7 +255,10 @@ def test_mps_daemon_directories_and_cdi_edits(node: Node, runner: SimulatedRunne
     root = mps_root(node) / uid(c)
     assert sorted(p.name for p in root.iterdir()) == ["log", "pipe", "shm"]
     uuids = [d.inventory.gpu_by_minor(m).uuid for m in (4, 5)]
-    daemon_call, settings_call = runner.calls
+    *smi_calls, daemon_call, settings_call = runner.calls
+    assert [call["argv"] for call in smi_calls] == [query(u) for u in uuids] + [
+        set_mode(u, "EXCLUSIVE_PROCESS") for u in uuids
+    ]  # before the daemon starts
     assert daemon_call["argv"] == ["nvidia-cuda-mps-control", "-d"]
     assert daemon_call["env"] == {
         "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
@@ -204,32 +267,36 @@ def test_mps_daemon_directories_and_cdi_edits(node: Node, runner: SimulatedRunne
     }
     assert settings_call["argv"] == ["nvidia-cuda-mps-control"]
     assert settings_call["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(root / "pipe")
-    assert runner.daemons() == {
-        str(root / "pipe"): {
-            "visible": uuids,
-            "log": str(root / "log"),
-            "commands": [
-                "set_default_active_thread_percentage 50",
-                "set_default_device_pinned_mem_limit 0 10240M",
-                "set_default_device_pinned_mem_limit 1 10240M",
-            ],
-        }
-    }
+    (pipe, daemon), = runner.daemons().items()  # fmt: skip
+    assert pipe == str(root / "pipe") and daemon_pids(node.sim.state_dir) == [daemon["pid"]]
+    assert daemon["visible"] == uuids and daemon["log"] == str(root / "log")
+    assert daemon["compute_modes"] == dict.fromkeys(uuids, "Exclusive_Process")  # what the daemon found
+    assert daemon["commands"] == [
+        "set_default_active_thread_percentage 50",
+        "set_default_device_pinned_mem_limit 0 10240M",
+        "set_default_device_pinned_mem_limit 1 10240M",
+    ]
+    assert (root / "log" / "control.log").is_file()
     edits = spec(node, c)["containerEdits"]
     assert edits["env"] == [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
-    assert edits["mounts"] == [
+    assert edits["mounts"][-2:] == [  # after the driver's files
         {"hostPath": str(root / "pipe"), "containerPath": "/tmp/nvidia-mps", "options": ["rbind", "rw"]},
         {"hostPath": str(root / "shm"), "containerPath": "/dev/shm", "options": ["rbind", "rw"]},
     ]
     records = [dev.sharing for dev in d.checkpoint.claims[uid(c)].devices]
-    assert records == [{"strategy": "MPS", "dir": str(root), "uuid": u, "applied": True} for u in uuids]
+    assert records == [
+        {"strategy": "MPS", "dir": str(root), "uuid": u, "gpuUuid": u, "computeMode": "Default", "applied": True}
+        for u in uuids
+    ]
+    before = len(runner.calls)
     assert d.unprepare([ref(c)]) == {uid(c): ""}
-    assert runner.calls[-1]["input"] == "quit\n"
+    quit_, *restores = runner.calls[before:]
+    assert quit_["input"] == "quit\n" and [r["argv"] for r in restores] == [set_mode(u, "DEFAULT") for u in uuids]
     assert not root.exists()
     assert_nothing_left(node, d, runner)
 
 
-def test_mps_on_a_mig_device_and_per_request_configs(node: Node, runner: SimulatedRunner) -> None:
+def test_mps_on_a_mig_device_and_per_request_configs(node: Node, runner: Recording) -> None:
     c = claim(
         ["gpu-6-mig-3g40gb-9-0", "gpu-6-mig-3g40gb-9-4"],
         device_class="mig",
@@ -240,9 +307,12 @@ def test_mps_on_a_mig_device_and_per_request_configs(node: Node, runner: Simulat
     assert d.prepare([ref(c)])[uid(c)].error == ""
     first, second = d.checkpoint.claims[uid(c)].devices
     assert first.sharing is None and second.mig is not None and second.sharing is not None
+    assert "gpuUuid" not in second.sharing and "computeMode" not in second.sharing
     (daemon,) = runner.daemons().values()
     assert daemon["visible"] == [second.mig.uuid] and daemon["commands"] == []
-    assert len(runner.calls) == 1  # no settings to send
+    # the GPU's compute mode is left alone: it is every MIG device's on that GPU (NVIDIA's plugin does the same)
+    assert [call["argv"] for call in runner.calls] == [["nvidia-cuda-mps-control", "-d"]]
+    assert runner.mode(node.sim.gpu_uuids[6]) == pynvml.NVML_COMPUTEMODE_DEFAULT
     assert d.unprepare([ref(c)]) == {uid(c): ""}
     assert_nothing_left(node, d, runner)
 
@@ -256,7 +326,7 @@ def test_mps_on_a_mig_device_and_per_request_configs(node: Node, runner: Simulat
     ],
 )
 def test_mps_settings_that_cannot_be_applied_are_refused_before_any_change(
-    node: Node, runner: SimulatedRunner, configs: list[dict[str, Any]], message: str
+    node: Node, runner: Recording, configs: list[dict[str, Any]], message: str
 ) -> None:
     c = claim(["gpu-0", "gpu-1"], config=configs)
     node.add(c)
@@ -298,7 +368,7 @@ def _mps_raw(**mps_config: Any) -> dict[str, Any]:
     ],
 )
 def test_out_of_range_numbers_in_the_config_fail_the_claim_and_change_nothing(
-    node: Node, runner: SimulatedRunner, config: dict[str, Any], words: list[str]
+    node: Node, runner: Recording, config: dict[str, Any], words: list[str]
 ) -> None:
     # r0 has a valid setting that must not be applied either: the claim fails as a whole, before any change
     c = claim(["gpu-0", "gpu-1"], config=[time_slicing("Long", requests=["r0"]), config])
@@ -310,7 +380,7 @@ def test_out_of_range_numbers_in_the_config_fail_the_claim_and_change_nothing(
     assert_nothing_left(node, d, runner)
 
 
-def test_pinned_limits_at_the_bounds_are_sent_to_mps(node: Node, runner: SimulatedRunner) -> None:
+def test_pinned_limits_at_the_bounds_are_sent_to_mps(node: Node, runner: Recording) -> None:
     c = claim(["gpu-0", "gpu-1"], config=[mps(pinned="1Mi", requests=["r0"]), mps(pinned="1Ti", requests=["r1"])])
     node.add(c)
     d = start(node, runner)
@@ -324,7 +394,7 @@ def test_pinned_limits_at_the_bounds_are_sent_to_mps(node: Node, runner: Simulat
     assert_nothing_left(node, d, runner)
 
 
-def test_admin_access_devices_ignore_sharing(node: Node, runner: SimulatedRunner) -> None:
+def test_admin_access_devices_ignore_sharing(node: Node, runner: Recording) -> None:
     owner = claim(["gpu-0"], config=[time_slicing("Long")])
     admin = claim(["gpu-0"], config=[time_slicing("Short")])
     admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
@@ -339,49 +409,54 @@ def test_admin_access_devices_ignore_sharing(node: Node, runner: SimulatedRunner
 
 
 # ----- crashes and recovery -------------------------------------------------------------------------------------
-def _crash_at_spec(monkeypatch: pytest.MonkeyPatch, wrapped: Recording) -> None:
+def _crash_at_spec(monkeypatch: pytest.MonkeyPatch, runner: Recording) -> None:
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise Killed
 
     monkeypatch.setattr(driver_module, "claim_spec", crash)
 
 
-def _crash_after_time_slice(monkeypatch: pytest.MonkeyPatch, wrapped: Recording) -> None:
+def _crash_after_time_slice(monkeypatch: pytest.MonkeyPatch, runner: Recording) -> None:
     def after(argv: list[str], _: str | None) -> None:
         if "--set-timeslice" in argv:
             raise Killed  # the GPU changed, the checkpoint says "not applied yet"
 
-    wrapped.after = after
+    runner.after = after
 
 
-def _crash_after_daemon_start(monkeypatch: pytest.MonkeyPatch, wrapped: Recording) -> None:
+def _crash_after_daemon_start(monkeypatch: pytest.MonkeyPatch, runner: Recording) -> None:
     def after(argv: list[str], _: str | None) -> None:
         if argv[1:] == ["-d"]:
-            raise Killed
+            raise Killed  # a real daemon runs, nothing says it is up
 
-    wrapped.after = after
+    runner.after = after
 
 
 @pytest.mark.parametrize("crash", [_crash_at_spec, _crash_after_time_slice, _crash_after_daemon_start])
 def test_recovery_after_a_crash_in_the_middle_of_prepare(
-    node: Node, runner: SimulatedRunner, monkeypatch: pytest.MonkeyPatch, crash: Any
+    node: Node, runner: Recording, monkeypatch: pytest.MonkeyPatch, crash: Any
 ) -> None:
+    runner.state.set_compute_mode(node.sim.gpu_uuids[5], pynvml.NVML_COMPUTEMODE_PROHIBITED)  # to be restored
     c = claim(
         ["gpu-5", "gpu-6"],
         config=[time_slicing("Medium", requests=["r0"]), mps(25, "1Gi", requests=["r1"])],
     )
     node.add(c)
-    wrapped = Recording(runner)
-    d = start(node, wrapped)
-    crash(monkeypatch, wrapped)
+    d = start(node, runner)
+    crash(monkeypatch, runner)
     with pytest.raises(Killed):
         d.prepare([ref(c)])
     assert d.checkpoint.claims[uid(c)].state is ClaimState.PREPARE_STARTED
     assert runner.timeslice(node.sim.gpu_uuids[5]) == 2  # changed, then the process died
+    assert runner.mode(node.sim.gpu_uuids[5]) == pynvml.NVML_COMPUTEMODE_DEFAULT
     if crash is not _crash_after_time_slice:
         assert len(runner.daemons()) == 1 and (mps_root(node) / uid(c) / "pipe").is_dir()
+        assert runner.mode(node.sim.gpu_uuids[6]) == EXCLUSIVE
     monkeypatch.undo()
+    runner.after = None
     restarted = start(node, runner)  # a new process: recovery runs at start
+    assert runner.mode(node.sim.gpu_uuids[5]) == pynvml.NVML_COMPUTEMODE_PROHIBITED  # the mode found, back
+    runner.state.set_compute_mode(node.sim.gpu_uuids[5], pynvml.NVML_COMPUTEMODE_DEFAULT)
     assert_nothing_left(node, restarted, runner)
     result = restarted.prepare([ref(c)])[uid(c)]  # the kubelet's retry succeeds
     assert result.error == ""
@@ -390,16 +465,17 @@ def test_recovery_after_a_crash_in_the_middle_of_prepare(
     assert_nothing_left(node, restarted, runner)
 
 
-def test_recovery_removes_mps_directories_nobody_owns(node: Node, runner: SimulatedRunner) -> None:
+def test_recovery_removes_mps_directories_nobody_owns(node: Node, runner: Recording) -> None:
     kept = claim(["gpu-0"], config=[mps()])
     node.add(kept)
     start(node, runner).prepare([ref(kept)])
     orphan = mps_root(node) / "orphan-uid"
     (orphan / "pipe").mkdir(parents=True)
-    runner.run(
+    started = runner.run(
         ["nvidia-cuda-mps-control", "-d"],
         env={"CUDA_MPS_PIPE_DIRECTORY": str(orphan / "pipe"), "CUDA_VISIBLE_DEVICES": node.sim.gpu_uuids[1]},
     )
+    assert started.returncode == 0 and len(daemon_pids(node.sim.state_dir)) == 2
     (mps_root(node) / "half-made").mkdir()  # no pipe dir: nothing to stop
     d = start(node, runner)
     assert sorted(p.name for p in mps_root(node).iterdir()) == [uid(kept)]
@@ -408,70 +484,63 @@ def test_recovery_removes_mps_directories_nobody_owns(node: Node, runner: Simula
     assert_nothing_left(node, d, runner)
 
 
-def test_the_default_runner_of_the_simulator_is_the_simulated_one(node: Node) -> None:
+def test_the_default_runner_takes_the_tools_of_the_simulated_driver_root(node: Node) -> None:
     c = claim(["gpu-7"], config=[time_slicing("Short")])
     node.add(c)
     d = node.driver()  # no runner given
     assert d.prepare([ref(c)])[uid(c)].error == ""
-    assert SimulatedRunner.for_simulator(node.sim).timeslice(node.sim.gpu_uuids[7]) == 1
-    assert isinstance(default_runner(object()), RealRunner)
+    state = SharingState(node.sim.state_dir)
+    assert state.timeslice(node.sim.gpu_uuids[7]) == 1
+    assert state.calls[-1]["argv"][0] == str(node.sim.driver_root / "usr" / "bin" / "nvidia-smi")
+    real = default_runner(object())  # pynvml: the host's driver root
+    assert isinstance(real, DriverRootRunner) and str(real.driver_root) in ("/driver-root", "/")
     d.unprepare([ref(c)])
 
 
-# ----- the real runner, against stand-in binaries ---------------------------------------------------------------
-def test_real_runner_runs_configured_binaries_with_env_and_stdin(tmp_path: Path) -> None:
+# ----- the driver root runner, against stand-in tools -----------------------------------------------------------
+def test_driver_root_runner_finds_tools_and_preloads_the_root_libraries(tmp_path: Path) -> None:
+    root = tmp_path / "root"
     log = tmp_path / "log.txt"
     script = f"""#!/bin/sh
-echo "$(basename "$0") $* pipe=$CUDA_MPS_PIPE_DIRECTORY visible=$CUDA_VISIBLE_DEVICES path=${{PATH:+set}}" >> {log}
+echo "$(basename "$0") $* preload=$LD_PRELOAD pipe=$CUDA_MPS_PIPE_DIRECTORY path=${{PATH:+set}}" >> {log}
 if [ -t 0 ]; then :; else cat >> {log}; fi
-[ "$3" = "GPU-bad" ] && {{ echo "No devices were found"; exit 6; }}
+[ "$2" = "GPU-bad" ] && {{ echo "No devices were found"; exit 6; }}
+[ "$1" = "sleep" ] && sleep 30
 exit 0
 """
-    tools = tmp_path / "bin"
-    tools.mkdir()
+    (root / "opt" / "nvidia").mkdir(parents=True)
+    (root / "usr" / "bin").mkdir(parents=True)
     for name in ("nvidia-smi", "nvidia-cuda-mps-control"):
-        (tools / name).write_text(script)
-        (tools / name).chmod(stat.S_IRWXU)
-    from dra_driver.plugin.checkpoint import CheckpointedDevice
-    from dra_driver.plugin.config import decode
-    from dra_driver.sharing import SharingError, Target
-
-    manager = SharingManager(
-        RealRunner(),
-        tmp_path / "plugin",
-        nvidia_smi=str(tools / "nvidia-smi"),
-        mps_control=str(tools / "nvidia-cuda-mps-control"),
-    )
-
-    def target(uuid: str, sharing: dict[str, Any]) -> Target:
-        config = decode({"apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": sharing})
-        return Target(CheckpointedDevice(pool="p", device="gpu-0"), config, uuid, False)
-
-    saves: list[int] = []
-    ts = target("GPU-a", {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
-    assert manager.apply("claim-1", [ts], lambda: saves.append(1)) is None and saves == [1, 1]
-    shared = target("GPU-b", {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 10}})
-    edits = manager.apply("claim-2", [shared], lambda: None)
-    assert edits is not None and edits.mounts is not None and len(edits.mounts) == 2
+        (root / "opt" / "nvidia" / name).write_text(script)
+        (root / "opt" / "nvidia" / name).chmod(stat.S_IRWXU)
+        # an absolute link, as a GPU Operator root has them: resolved inside the root, never on this host
+        (root / "usr" / "bin" / name).symlink_to(f"/opt/nvidia/{name}")
+    libdir = root / "usr" / "lib64"
+    libdir.mkdir(parents=True)
+    for soname in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        (libdir / soname).write_bytes(shared_object(soname))
+    runner = DriverRootRunner(root)
+    done = runner.run(["nvidia-smi", "compute-policy", "-i", "GPU-a", "--set-timeslice", "3"])
+    assert done.returncode == 0 and done.args[0] == str(root / "opt" / "nvidia" / "nvidia-smi")
+    assert runner.run(["nvidia-smi", "-i", "GPU-bad"]).returncode == 6
+    runner.run(["nvidia-cuda-mps-control"], env={"CUDA_MPS_PIPE_DIRECTORY": "/p"}, input="quit\n")
     lines = log.read_text().splitlines()
-    pipe = tmp_path / "plugin" / "mps" / "claim-2" / "pipe"
-    assert lines[0] == "nvidia-smi compute-policy -i GPU-a --set-timeslice 3 pipe= visible= path=set"
-    assert lines[1] == f"nvidia-cuda-mps-control -d pipe={pipe} visible=GPU-b path=set"
-    assert lines[-1] == "set_default_active_thread_percentage 10"
-    with pytest.raises(SharingError, match="exited with 6: No devices were found"):
-        manager.apply("claim-3", [target("GPU-bad", {"strategy": "TimeSlicing"})], lambda: None)
-    manager.undo("claim-2", [shared.record])
-    assert not pipe.parent.exists() and log.read_text().splitlines()[-1] == "quit"
-    missing = SharingManager(RealRunner(), tmp_path / "plugin", nvidia_smi=str(tmp_path / "nope"))
-    with pytest.raises(SharingError, match="nope"):
-        missing.apply("claim-4", [target("GPU-a", {"strategy": "TimeSlicing"})], lambda: None)
+    nvml = f"{libdir}/libnvidia-ml.so.1"
+    assert lines[0] == f"nvidia-smi compute-policy -i GPU-a --set-timeslice 3 preload={nvml} pipe= path=set"
+    assert lines[-2] == f"nvidia-cuda-mps-control  preload={libdir}/libcuda.so.1:{nvml} pipe=/p path=set"
+    assert lines[-1] == "quit"
     assert os.environ.get("CUDA_MPS_PIPE_DIRECTORY") is None  # the plugin's own environment is left alone
+    slow = DriverRootRunner(root, inner=RealRunner(1))
+    assert slow.run(["nvidia-smi", "sleep"]).returncode == 124  # every call is time-bound
+    manager = SharingManager(DriverRootRunner(tmp_path / "empty"), tmp_path / "plugin")
+    with pytest.raises(SharingError, match="nvidia-smi not found in driver root"):
+        manager.smi.compute_mode("GPU-a")
 
 
 # ----- the official CDI validator -------------------------------------------------------------------------------
 def test_specs_with_mps_mounts_pass_the_official_validator(
     node: Node,
-    runner: SimulatedRunner,
+    runner: Recording,
     cdivalidate: Path,  # noqa: F811
 ) -> None:
     claims = [
@@ -484,7 +553,7 @@ def test_specs_with_mps_mounts_pass_the_official_validator(
     results = d.prepare([ref(c) for c in claims])
     assert all(r.error == "" for r in results.values()), results
     files = sorted(node.cdi_root.glob("*.json"))
-    assert len(files) == 3 and sum("mounts" in f.read_text() for f in files) == 2
+    assert len(files) == 3 and sum("/tmp/nvidia-mps" in f.read_text() for f in files) == 2
     out = _validate(cdivalidate, *files)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": ok") == 3

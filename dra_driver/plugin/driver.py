@@ -50,7 +50,15 @@ from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, re
 from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult, time_left
-from dra_driver.sharing import CommandRunner, SharingError, SharingManager, Target, default_runner, with_edits
+from dra_driver.sharing import (
+    CommandRunner,
+    DriverRootRunner,
+    SharingError,
+    SharingManager,
+    Target,
+    default_runner,
+    with_edits,
+)
 from dra_driver.slices.devices import PublishMode
 
 log = logging.getLogger(__name__)
@@ -131,7 +139,9 @@ class Driver:
         self._thread_lock = threading.Lock()
         self._lock_path = settings.plugin_dir / "pu.lock"
         self._boot_id = boot_id
-        self.sharing = SharingManager(sharing_runner or default_runner(lib), settings.plugin_dir)
+        # nvidia-smi and the MPS control daemon from the driver root, as NVIDIA's driver runs them
+        runner = sharing_runner or (DriverRootRunner(driver_root) if driver_root is not None else default_runner(lib))
+        self.sharing = SharingManager(runner, settings.plugin_dir)
         self.lib.nvmlInit()  # one long-lived NVML session: handle lookups stay cheap
         with self._locked():
             self.checkpoint = Checkpoint(settings.plugin_dir / "checkpoint.json", boot_id)
@@ -160,6 +170,10 @@ class Driver:
             return None
         files = discover_driver_files(self.driver_root, inventory.driver_version)
         return common_edits(files, self.host_driver_root, hook_path=self.settings.cdi_hook_path)
+
+    def _others(self, uid: str) -> list[ClaimEntry]:
+        """The checkpoint's other claims (called under the device locks): who else holds a shared GPU."""
+        return [e for e in self.checkpoint.claims.values() if e.uid != uid]
 
     @contextmanager
     def _locked(self, deadline: float | None = None) -> Iterator[None]:
@@ -301,7 +315,8 @@ class Driver:
                 Target(record, p.config, uuid, p.entry.profile is not None)
                 for p, record, uuid in zip(planned, entry.devices, uuids, strict=True)
             ]
-            edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save)  # recorded in the checkpoint
+            # recorded in the checkpoint; the other claims' records say who else holds a shared GPU's settings
+            edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save, self._others(ref.uid))
             spec = claim_spec(self.settings.driver, ref.uid, nodes, uuids, common=self.driver_edits)
             self.cdi.write(ref.uid, with_edits(spec, edits))
             crashpoints.reached("prepare.cdi-written")
@@ -436,7 +451,7 @@ class Driver:
             entry.state = ClaimState.UNPREPARE_STARTED  # from here on it is never answered as prepared
             self.checkpoint.put(entry)
             crashpoints.reached("unprepare.started-recorded")
-        self.sharing.undo(entry.uid, entry.devices)
+        self.sharing.undo(entry.uid, entry.devices, self._others(entry.uid))
         crashpoints.reached("unprepare.sharing-undone")
         others = {
             d.mig.uuid

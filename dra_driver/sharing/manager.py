@@ -1,45 +1,47 @@
 """Applying and undoing a claim's sharing settings, crash-safe through the plugin's checkpoint.
 
-Each change is written to the checkpoint (the device's `sharing` record, `applied: false`) *before* it is made
-and marked `applied: true` after, so a crash at any point leaves a record that rollback can act on:
+Each change is recorded in the checkpoint (the device's `sharing` record, `applied: false`) *before* it is made
+and marked `applied: true` after, so a crash at any point leaves a record that `undo` acts on:
 
-- TimeSlicing on a whole GPU: `nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>`
-  (Default/Short/Medium/Long); undone by setting 0 (Default). MIG devices cannot take an interval.
-- MPS: one control daemon per claim for all its MPS devices, with `<plugin dir>/mps/<claim uid>/{pipe,log,shm}`;
-  started with `nvidia-cuda-mps-control -d` (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY,
-  CUDA_VISIBLE_DEVICES), settings sent through the control pipe; undone with `quit` and removing the directory.
-  Containers get CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps and the pipe and shm directories mounted.
+- TimeSlicing, whole GPUs only (a MIG device takes no interval): compute mode DEFAULT, then
+  `nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>` (Default/Short/Medium/Long), as NVIDIA's plugin
+  does; undone by interval 0 and the compute mode found.
+- MPS: one control daemon per claim (mps.py). Its whole GPUs get compute mode EXCLUSIVE_PROCESS before it starts
+  and the mode found back after it stops; a MIG device's GPU keeps its mode, as in NVIDIA's plugin (the mode of a
+  GPU is that of every MIG device on it, other claims' included).
 
-Devices prepared with admin access share a device another claim prepared: their sharing config is ignored,
-so that unpreparing them never resets the other claim's settings.
+The compute mode found is read (`nvidia-smi --query-gpu=compute_mode`) before anything changes and recorded with
+the intent; a claim joining a GPU that another claim set up records the mode that claim found. Claims sharing a
+whole GPU never overwrite or undo each other's settings (conflicts.py): the caller passes the checkpoint's other
+claims. Devices prepared with admin access share a device another claim prepared: their sharing config is ignored.
+
+Records: {"strategy": "TimeSlicing", "gpuUuid", "interval", "computeMode", "applied"} and {"strategy": "MPS",
+"dir", "uuid", "applied"}, with "gpuUuid" and "computeMode" for a whole GPU. A record without "computeMode"
+(written by an older driver) only has its time slice reset.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.cdi.spec import CdiSpec, ContainerEdits, Mount
+from dra_driver.cdi.spec import CdiSpec, ContainerEdits
 from dra_driver.plugin import crashpoints
-from dra_driver.plugin.checkpoint import CheckpointedDevice
+from dra_driver.plugin.checkpoint import CheckpointedDevice, ClaimEntry
 from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, pinned_limit_mib
-from dra_driver.sharing.runner import CommandResult, CommandRunner
+from dra_driver.sharing import conflicts
+from dra_driver.sharing.conflicts import TIME_SLICE, Wanted
+from dra_driver.sharing.mps import MpsControl
+from dra_driver.sharing.nvsmi import COMPUTE_MODES, DEFAULT, EXCLUSIVE_PROCESS, NvidiaSmi, SharingError
+from dra_driver.sharing.runner import DEFAULT_TIMEOUT_S, CommandRunner, DriverRootRunner, RealRunner
 
 log = logging.getLogger(__name__)
 
-TIME_SLICE = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
-MPS_CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
-_NO_DEVICES = 6  # nvidia-smi: "No devices were found" (the GPU is gone: nothing left to reset)
-
 Config = GpuConfig | MigDeviceConfig
-
-
-class SharingError(RuntimeError):
-    """A sharing command failed."""
+_MODE_SET_BY = {"TimeSlicing": DEFAULT, "MPS": EXCLUSIVE_PROCESS}
 
 
 @dataclass(frozen=True)
@@ -56,19 +58,26 @@ def _strategy(config: Config | None) -> str | None:
     return config.sharing.strategy if config is not None and config.sharing is not None else None
 
 
+def _interval(config: Config | None) -> int:
+    ts = config.sharing.time_slicing_config if config is not None and config.sharing is not None else None
+    return TIME_SLICE[ts.interval if ts is not None else "Default"]
+
+
 class SharingManager:
-    def __init__(
-        self,
-        runner: CommandRunner,
-        plugin_dir: Path,
-        *,
-        nvidia_smi: str = "nvidia-smi",
-        mps_control: str = "nvidia-cuda-mps-control",
-    ) -> None:
+    def __init__(self, runner: CommandRunner, plugin_dir: Path) -> None:
+        """`runner` runs the driver's tools by name (nvidia-smi, nvidia-cuda-mps-control): normally a
+        DriverRootRunner; tests may wrap it to record or fail calls."""
         self.runner = runner
         self.plugin_dir = plugin_dir
-        self.nvidia_smi = nvidia_smi
-        self.mps_control = mps_control
+        self.smi = NvidiaSmi(runner)
+        self.mps = MpsControl(runner)
+
+    @classmethod
+    def at_driver_root(
+        cls, driver_root: Path, plugin_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> SharingManager:
+        """The tools of the driver root (the host's, where the chart mounts it; the simulator's)."""
+        return cls(DriverRootRunner(driver_root, RealRunner(timeout_s)), plugin_dir)
 
     def mps_dir(self, claim_uid: str) -> Path:
         return self.plugin_dir / "mps" / claim_uid
@@ -90,28 +99,46 @@ class SharingManager:
             )
 
     # ----- apply ----------------------------------------------------------------------------------------------
-    def apply(self, claim_uid: str, targets: list[Target], save: Callable[[], None]) -> ContainerEdits | None:
+    def apply(
+        self,
+        claim_uid: str,
+        targets: list[Target],
+        save: Callable[[], None],
+        others: Iterable[ClaimEntry] = (),
+    ) -> ContainerEdits | None:
         """Apply the claim's sharing; returns the container edits the claim's CDI spec needs (None: none).
-        `save` writes the checkpoint: called once with the intents recorded, once with them marked applied."""
+        `save` writes the checkpoint: called once with the intents recorded, once with them marked applied.
+        `others`: the checkpoint's other claims (SharingConflict, before any change, when they are in the way)."""
+        held = list(others)
         live = [t for t in targets if not t.record.admin_access]
         slices = [t for t in live if _strategy(t.config) == "TimeSlicing" and not t.is_mig]
         mps = [t for t in live if _strategy(t.config) == "MPS"]
+        whole = [t for t in live if not t.is_mig]
+        conflicts.check(
+            [Wanted(t.record.device, t.uuid, _strategy(t.config), _interval(t.config)) for t in whole], held
+        )
         if not slices and not mps:
             return None
+        mps_gpus = [t for t in mps if not t.is_mig]
+        found = {t.uuid: conflicts.found_mode(t.uuid, held) or self.smi.compute_mode(t.uuid) for t in slices + mps_gpus}
         directory = self.mps_dir(claim_uid)
         for t in slices:
-            assert t.config is not None and t.config.sharing is not None
-            ts = t.config.sharing.time_slicing_config
-            interval = TIME_SLICE[ts.interval if ts is not None else "Default"]
-            t.record.sharing = {"strategy": "TimeSlicing", "gpuUuid": t.uuid, "interval": interval, "applied": False}
+            t.record.sharing = {"strategy": "TimeSlicing", "gpuUuid": t.uuid, "interval": _interval(t.config),
+                                "computeMode": found[t.uuid], "applied": False}  # fmt: skip
         for t in mps:
             t.record.sharing = {"strategy": "MPS", "dir": str(directory), "uuid": t.uuid, "applied": False}
-        save()  # intents first: a crash from here on leaves records that rollback undoes
+            if not t.is_mig:
+                t.record.sharing.update(gpuUuid=t.uuid, computeMode=found[t.uuid])
+        save()  # intents first: a crash from here on leaves records that undo acts on
         crashpoints.reached("prepare.sharing-intent-recorded")
         for t in slices:
-            assert t.record.sharing is not None
-            self._set_timeslice(t.uuid, int(t.record.sharing["interval"]))
-        edits = self._start_mps(directory, mps) if mps else None
+            if found[t.uuid] != DEFAULT:
+                self.smi.set_compute_mode(t.uuid, DEFAULT)
+            self.smi.set_timeslice(t.uuid, _interval(t.config))
+        for t in mps_gpus:
+            if found[t.uuid] != EXCLUSIVE_PROCESS:
+                self.smi.set_compute_mode(t.uuid, EXCLUSIVE_PROCESS)
+        edits = self.mps.start(directory, [t.uuid for t in mps], self._mps_commands(mps)) if mps else None
         crashpoints.reached("prepare.sharing-applied")
         for t in slices + mps:
             assert t.record.sharing is not None
@@ -119,41 +146,8 @@ class SharingManager:
         save()
         return edits
 
-    def _check(self, what: str, result: CommandResult) -> None:
-        if result.returncode != 0:
-            detail = (result.stderr.strip() or result.stdout.strip() or "no output").replace("\n", "; ")
-            raise SharingError(f"{what}: {' '.join(result.args)} exited with {result.returncode}: {detail}")
-
-    def _set_timeslice(self, uuid: str, interval: int, *, gone_is_fine: bool = False) -> CommandResult:
-        argv = [self.nvidia_smi, "compute-policy", "-i", uuid, "--set-timeslice", str(interval)]
-        try:
-            result = self.runner.run(argv)
-        except OSError as e:
-            raise SharingError(f"set time slice of GPU {uuid}: {argv[0]}: {e}") from e
-        if gone_is_fine and result.returncode == _NO_DEVICES:
-            log.warning("resetting the time slice of GPU %s: the GPU is gone", uuid)
-        else:
-            self._check(f"set time slice of GPU {uuid}", result)
-        return result
-
-    def _mps_env(self, directory: Path, uuids: list[str] | None = None) -> dict[str, str]:
-        env = {"CUDA_MPS_PIPE_DIRECTORY": str(directory / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(directory / "log")}
-        if uuids is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
-        return env
-
-    def _mps_run(self, argv: list[str], env: Mapping[str, str], stdin: str | None = None) -> CommandResult:
-        try:
-            return self.runner.run(argv, env=env, input=stdin)
-        except OSError as e:
-            raise SharingError(f"{argv[0]}: {e}") from e
-
-    def _start_mps(self, directory: Path, targets: list[Target]) -> ContainerEdits:
-        for sub in ("pipe", "log", "shm"):
-            (directory / sub).mkdir(parents=True, exist_ok=True)
-        uuids = [t.uuid for t in targets]
-        env = self._mps_env(directory, uuids)
-        self._check(f"start MPS control daemon for {','.join(uuids)}", self._mps_run([self.mps_control, "-d"], env))
+    @staticmethod
+    def _mps_commands(targets: list[Target]) -> list[str]:
         commands: list[str] = []
         first = targets[0].config
         assert first is not None and first.sharing is not None
@@ -167,59 +161,48 @@ class SharingManager:
             if mps is not None and mps.default_pinned_device_memory_limit is not None:
                 mib = pinned_limit_mib(mps.default_pinned_device_memory_limit)
                 commands.append(f"set_default_device_pinned_mem_limit {index} {mib}M")
-        if commands:
-            result = self._mps_run([self.mps_control], env, "\n".join(commands) + "\n")
-            self._check("configure MPS control daemon", result)
-        return ContainerEdits(
-            env=[f"CUDA_MPS_PIPE_DIRECTORY={MPS_CONTAINER_PIPE_DIR}"],
-            mounts=[
-                Mount(
-                    host_path=str(directory / "pipe"), container_path=MPS_CONTAINER_PIPE_DIR, options=["rbind", "rw"]
-                ),
-                Mount(host_path=str(directory / "shm"), container_path="/dev/shm", options=["rbind", "rw"]),
-            ],
-        )
+        return commands
 
     # ----- undo -----------------------------------------------------------------------------------------------
-    def undo(self, claim_uid: str, records: list[CheckpointedDevice]) -> None:
+    def undo(self, claim_uid: str, records: list[CheckpointedDevice], others: Iterable[ClaimEntry] = ()) -> None:
         """Undo whatever the records say was (or may have been) applied: stop the MPS daemon and remove its
-        directory, reset time slices to Default. Safe to repeat. Raises SharingError when a time slice that was
-        applied cannot be reset (the unprepare fails and the kubelet retries)."""
+        directory, then reset time slices and compute modes, except on GPUs where one of `others` (the
+        checkpoint's other claims) holds a setting too. Safe to repeat. Raises SharingError when a setting that
+        was applied cannot be undone (the unprepare fails and the kubelet retries)."""
+        held = list(others)
         shared: list[dict[str, Any]] = [r.sharing for r in records if r.sharing]
         directories = {Path(s["dir"]) for s in shared if s.get("strategy") == "MPS" and s.get("dir")}
         directories.add(self.mps_dir(claim_uid))
         for directory in sorted(directories):
-            self._stop_mps(directory)
+            self.mps.stop(directory)
         failures: list[str] = []
-        reset: set[str] = set()
+        done: set[str] = set()
         for s in shared:
-            uuid = s.get("gpuUuid")
-            if s.get("strategy") != "TimeSlicing" or not isinstance(uuid, str) or uuid in reset:
+            gpu = s.get("gpuUuid")
+            if not isinstance(gpu, str) or gpu in done:
                 continue
-            reset.add(uuid)
+            done.add(gpu)
+            holders = conflicts.holders(gpu, held)
+            if holders:
+                log.info("claim %s: GPU %s keeps its settings, claim %s holds them too", claim_uid, gpu,
+                         holders[0].claim)  # fmt: skip
+                continue
             try:
-                self._set_timeslice(uuid, 0, gone_is_fine=True)
+                self._restore(gpu, s)
             except SharingError as e:
                 if s.get("applied"):
                     failures.append(str(e))
-                else:  # never confirmed: most likely the set itself failed
-                    log.warning("claim %s: %s (the time slice was never confirmed set)", claim_uid, e)
+                else:  # never confirmed: most likely applying it failed
+                    log.warning("claim %s: %s (the setting was never confirmed applied)", claim_uid, e)
         if failures:
             raise SharingError("; ".join(failures))
 
-    def _stop_mps(self, directory: Path) -> None:
-        if not directory.exists():
-            return
-        if (directory / "pipe").is_dir():
-            result = self._mps_run([self.mps_control], self._mps_env(directory), "quit\n")
-            if result.returncode != 0:  # not running (never started, or died): the directory still goes
-                log.warning(
-                    "stopping MPS control daemon in %s: exit %d: %s",
-                    directory,
-                    result.returncode,
-                    (result.stderr or result.stdout).strip(),
-                )
-        shutil.rmtree(directory)
+    def _restore(self, gpu: str, record: dict[str, Any]) -> None:
+        if record.get("strategy") == "TimeSlicing":
+            self.smi.set_timeslice(gpu, 0, gone_is_fine=True)
+        found = record.get("computeMode")
+        if found in COMPUTE_MODES and found != _MODE_SET_BY.get(str(record.get("strategy"))):
+            self.smi.set_compute_mode(gpu, str(found), gone_is_fine=True)
 
     def remove_orphans(self, keep: set[str]) -> None:
         """At start: stop and remove MPS directories of claims not in `keep` (the checkpoint's claims)."""
@@ -229,7 +212,7 @@ class SharingManager:
         for directory in sorted(root.iterdir()):
             if directory.is_dir() and directory.name not in keep:
                 log.warning("removing MPS directory %s: no prepared claim owns it", directory)
-                self._stop_mps(directory)
+                self.mps.stop(directory)
 
 
 def with_edits(spec: CdiSpec, edits: ContainerEdits | None) -> CdiSpec:

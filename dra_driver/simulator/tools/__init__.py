@@ -1,0 +1,42 @@
+"""The simulated node's driver tools, run as real processes: `nvidia-smi` (tools.smi) and
+`nvidia-cuda-mps-control` (tools.mps).
+
+Each is an executable script in the simulated driver root (dra_driver.simulator.driverroot writes them),
+`<simulator state dir>/driver-root/usr/bin/<tool>`, that calls `main(tool, sys.argv)`; the simulator state
+directory is found from the script's own path, so the tools need no configuration, as on a real node. Kept
+light: the scripts import this module at every call.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+DRIVER_ROOT_NAME = "driver-root"
+
+
+def state_dir_of(script: str) -> Path:
+    """`<state>/driver-root/usr/bin/<tool>` -> `<state>`."""
+    path = Path(script).resolve()
+    for parent in path.parents:
+        if parent.name == DRIVER_ROOT_NAME:
+            return parent.parent
+    return path.parents[3]
+
+
+def main(tool: str, argv: list[str]) -> int:
+    state_dir = state_dir_of(argv[0])
+    if tool == "nvidia-smi":
+        from dra_driver.simulator.tools import smi
+
+        return smi.main(state_dir, argv)
+    if tool == "nvidia-cuda-mps-control":
+        from dra_driver.simulator.tools import mps
+
+        return mps.main(state_dir, argv)
+    if tool == "nvidia-cuda-mps-server":
+        # the control daemon starts servers on behalf of CUDA clients; it is not run by hand
+        print(f"{tool}: this program is started by nvidia-cuda-mps-control", file=sys.stderr)
+        return 1
+    print(f"{tool}: not supported by the simulated driver", file=sys.stderr)
+    return 1
