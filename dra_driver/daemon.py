@@ -32,6 +32,7 @@ from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.grpc.resource_health import DeviceHealthSource, DeviceState, states_from_taints
 from dra_driver.plugin.grpc.server import PluginServer
+from dra_driver.sharing.mps_deployment import from_environment as mps_from_environment
 from dra_driver.slices.builder import build_slices
 from dra_driver.slices.model import DeviceTaint, ResourceSlice
 from dra_driver.telemetry import ReservedPods, register_gpu_metrics
@@ -82,6 +83,15 @@ def kube_api_client(kubeconfig: Path | None) -> Any:
 def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
     api = kube_api_client(options.kubeconfig)
+    # MPS daemons in pods of their own and tmpfs shm, as the chart configures them (else the plugin's children)
+    mps_pods, shm = mps_from_environment(
+        api,
+        source.lib,
+        node_name=options.settings.pool,
+        driver=options.settings.driver,
+        driver_root=source.driver_root,
+        host_driver_root=source.host_driver_root,
+    )
     driver = Driver(
         options.settings,
         source.lib,
@@ -91,6 +101,8 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         boot_id=current_boot_id(),
         driver_root=source.driver_root,
         host_driver_root=source.host_driver_root,
+        mps_launcher=mps_pods,
+        shm=shm,
     )
     settings = options.settings
     version = options.k8s_version or server_minor(api)

@@ -71,6 +71,7 @@ def test_a_driver_upgrade_under_the_plugin_changes_the_files_of_later_claims(tmp
     assert any(p.endswith("libcuda.so.999.1.2") for p in paths)
     assert not any(p.endswith(f"libcuda.so.{old}") for p in paths)
 
+
 def test_the_validator_rejects_what_runtimes_reject(tmp_path: Path, cdivalidate: Path) -> None:
     node = Node(tmp_path)
     c = claim(["gpu-0"])

@@ -140,6 +140,8 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
         "--nvml",
         "--sysfs-root=/host/sys",
         "--proc-root=/host/proc",
+        "--driver-root=/driver-root",
+        "--host-driver-root=/",
         "--node-name=$(NODE_NAME)",
         f"--driver={DEFAULT_DRIVER}",
         "--mode=partitionable",
@@ -181,10 +183,11 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
 def test_simulator_backend_is_unprivileged(helm: Helm) -> None:
     p = _plugin(_render(helm, *SIMULATOR))
     c, pod, mounts = p["c"], p["pod"], p["mounts"]
-    assert c["args"][:4] == [
+    assert c["args"][:5] == [
         "plugin",
         "--sim=mixed",
         "--sim-state=/var/lib/dra-driver/sim/mixed",
+        "--host-driver-root=/var/lib/dra-driver/sim/mixed/driver-root",
         "--node-name=$(NODE_NAME)",
     ]
     assert "--nvml" not in c["args"]
@@ -233,7 +236,11 @@ def test_rbac_and_admission_policy_match_deploy_rbac_yaml(helm: Helm) -> None:
     binding = _one(objs, "ClusterRoleBinding", f"{FULLNAME}-node")
     assert binding["roleRef"]["name"] == f"{FULLNAME}-node"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
-    for policy in ("own-node-slices", "own-node-claim-status"):
+    mps_role = _one(objs, "Role", f"{FULLNAME}-mps")
+    assert mps_role["metadata"]["namespace"] == NAMESPACE
+    assert mps_role["rules"] == ref["Role", "dra-driver-mps"]["rules"]
+    assert _one(objs, "RoleBinding", f"{FULLNAME}-mps")["subjects"] == binding["subjects"]
+    for policy in ("own-node-slices", "own-node-claim-status", "own-node-mps-pods"):
         vap = _one(objs, "ValidatingAdmissionPolicy", f"{FULLNAME}-{policy}")
         want = ref["ValidatingAdmissionPolicy", f"dra-driver-{policy}"]["spec"]
         assert vap["spec"]["matchConditions"] == [
@@ -714,3 +721,169 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
                 cp.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found")
         for node in ("labels-a", "labels-b"):
             cp.delete_node(node)
+
+
+# ----- MPS control daemon pods (dra_driver.sharing.mps_deployment) -------------------------------------------------
+MPS_SIM_PRIVILEGED = (*SIMULATOR, "--set", "mps.simulatorPrivileged=true")
+
+
+def _mps_settings(p: dict[str, Any]) -> Any:
+    from dra_driver.sharing.mps_deployment import PodSettings
+
+    env = {e["name"]: e for e in p["c"]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    return PodSettings.from_env({"DRA_DRIVER_MPS_DAEMON": env["DRA_DRIVER_MPS_DAEMON"]["value"]})
+
+
+def test_mps_daemon_pods_get_the_plugins_image_unless_told_otherwise(helm: Helm) -> None:
+    default = _mps_settings(_plugin(_render(helm)))
+    assert default.image == _plugin(_render(helm))["c"]["image"] == "ghcr.io/dra-driver/dra-driver:0.1.0"
+    assert default.image_pull_policy == "IfNotPresent" and default.priority_class_name == "system-node-critical"
+    assert default.shm_size is None and default.image_pull_secrets == [] and not default.resources
+    values = [
+        *("--set", "mps.image.repository=registry.example.com/mps", "--set", "mps.image.tag=1.2"),
+        *("--set", "mps.image.pullPolicy=Always", "--set", "mps.priorityClassName=gpu-critical"),
+        *("--set", "mps.shmSize=8Gi", "--set", "mps.resources.requests.memory=64Mi"),
+        *("--set-json", 'imagePullSecrets=[{"name": "regcred"}, {"name": "mirror"}]'),
+    ]
+    custom = _mps_settings(_plugin(_render(helm, *values)))
+    assert (custom.image, custom.image_pull_policy) == ("registry.example.com/mps:1.2", "Always")
+    assert custom.priority_class_name == "gpu-critical" and custom.shm_size == "8Gi"
+    assert custom.image_pull_secrets == ["regcred", "mirror"] and custom.resources == {"requests": {"memory": "64Mi"}}
+    assert _mps_settings(_plugin(_render(helm, "--set", "image.tag=2.0"))).image == "ghcr.io/dra-driver/dra-driver:2.0"
+
+
+def test_plugin_dir_propagates_the_shm_tmpfs_to_the_host_when_privileged(helm: Helm) -> None:
+    real, sim, sim_privileged = (_plugin(_render(helm, *v)) for v in (REAL, SIMULATOR, MPS_SIM_PRIVILEGED))
+    for p in (real, sim_privileged):
+        assert p["mounts"]["plugin-dir"]["mountPropagation"] == "Bidirectional"
+        assert p["c"]["securityContext"] == {"privileged": True}
+    assert "mountPropagation" not in sim["mounts"]["plugin-dir"]  # Bidirectional needs a privileged container
+    assert sim["c"]["securityContext"]["privileged"] is False
+    # the simulator stays a simulator: its own /proc, /sys and driver root
+    assert not {"host-proc", "host-sys", "driver-root"} & set(sim_privileged["mounts"])
+    assert "initContainers" not in sim_privileged["pod"] and "--nvml" not in sim_privileged["c"]["args"]
+
+
+def test_driver_root_flags_name_the_same_directory_inside_and_on_the_host(helm: Helm) -> None:
+    from dra_driver.cli import build_parser
+
+    p = _plugin(_render(helm, "--set", "nvidiaDriverRoot=/run/nvidia/driver"))
+    args = build_parser().parse_args(p["c"]["args"])
+    assert args.driver_root == Path(p["mounts"]["driver-root"]["mountPath"]) == Path("/driver-root")
+    assert args.host_driver_root == Path(_host_paths(p["pod"])["driver-root"]) == Path("/run/nvidia/driver")
+    sim = _plugin(_render(helm, *SIMULATOR, "--set", "nvml.simulator.stateHostPath=/srv/sim/"))
+    args = build_parser().parse_args(sim["c"]["args"])
+    assert args.driver_root is None  # the simulated machine's own: <sim state>/driver-root
+    mount, host = Path(sim["mounts"]["sim-state"]["mountPath"]), Path(_host_paths(sim["pod"])["sim-state"])
+    assert args.sim_state.relative_to(mount) == Path("mixed")
+    assert args.host_driver_root == host / args.sim_state.relative_to(mount) / "driver-root"
+    assert str(args.host_driver_root) == "/srv/sim/mixed/driver-root"
+
+
+def test_mps_role_lets_the_plugin_manage_pods_of_its_namespace_only(helm: Helm) -> None:
+    objs = _render(helm)
+    role = _one(objs, "Role", f"{FULLNAME}-mps")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]}]
+    binding = _one(objs, "RoleBinding", f"{FULLNAME}-mps")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{FULLNAME}-mps"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    assert not [o for o in objs if o["kind"] == "ClusterRole" and "pods" in json.dumps(o["rules"])]
+    _one(objs, "ValidatingAdmissionPolicy", f"{FULLNAME}-own-node-mps-pods")
+    none = _render(helm, "--set", "rbac.create=false", "--set", "admissionPolicy.enabled=false")
+    assert not [o for o in none if o["kind"] in ("Role", "RoleBinding", "ValidatingAdmissionPolicy")]
+
+
+def test_mps_pod_policy_with_a_pod_bound_token(helm: Helm, control_plane: ControlPlane) -> None:
+    """On a real API server, the plugin's service account with a token bound to its pod on node A creates and
+    deletes the MPS daemon pods that dra_driver.sharing.mps_deployment builds from the chart's own settings, on node
+    A only; not on node B, not with another image, command or extra container, and no other pod."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from dra_driver.sharing.mps_control_daemon import MpsSettings
+    from dra_driver.sharing.mps_deployment import HostMount, MpsPods
+
+    cp, release, ns = control_plane, "mps", "mps-system"
+    sa = "mps-dra-driver"
+    kinds = {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    rendered = _render(helm, release=release, namespace=ns)
+    objs = [
+        o for o in rendered if o["kind"] == "ServiceAccount" or (o["kind"] in kinds and "mps" in o["metadata"]["name"])
+    ]
+    assert {o["kind"] for o in objs} == kinds
+    cp.kubectl("create", "namespace", ns)
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    for node in ("mps-a", "mps-b"):
+        cp.create_node(node)
+    plugin = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin-a", "namespace": ns},
+              "spec": {"nodeName": "mps-a", "serviceAccountName": sa,
+                       "containers": [{"name": "plugin", "image": "registry.invalid/dra-driver:test"}]}}  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=json.dumps(plugin))
+    token = cp.kubectl("create", "token", sa, "-n", ns, "--bound-object-kind", "Pod",
+                       "--bound-object-name", "plugin-a").stdout.strip()  # fmt: skip
+    api = _token_client(cp, token)
+    core = client.CoreV1Api(api)
+    (container,) = _one(rendered, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    settings = _mps_settings({"c": container})
+
+    def pods(node: str) -> MpsPods:
+        root = HostMount(Path("/"), Path("/driver-root"))
+        return MpsPods(api, namespace=ns, node_name=node, driver=DEFAULT_DRIVER, settings=settings,
+                       driver_root=Path("/driver-root"), mounts=[root])  # fmt: skip
+
+    def body(node: str, uid: str = "c1") -> dict[str, Any]:
+        return pods(node).manifest(uid, Path(f"/var/lib/kubelet/plugins/{DEFAULT_DRIVER}/mps/{uid}"), ["GPU-1"],
+                                   MpsSettings(50))  # fmt: skip
+
+    def refused(pod: dict[str, Any]) -> str:
+        try:
+            core.create_namespaced_pod(ns, pod, dry_run="All")
+        except ApiException as e:
+            assert e.status == 403, e
+            return str(e.body)
+        return ""
+
+    try:
+        wait_until(
+            "the policy in force", lambda: "may only create or delete pods on node mps-a" in refused(body("mps-b"))
+        )
+        assert refused(body("mps-a")) == ""
+        other_image = body("mps-a")
+        other_image["spec"]["containers"][0]["image"] = "registry.invalid/anything:1"
+        shell = body("mps-a")
+        shell["spec"]["containers"][0]["command"] = ["sh", "-c", "id"]
+        sidecar = body("mps-a")
+        sidecar["spec"]["containers"].append({**sidecar["spec"]["containers"][0], "name": "second"})
+        for pod in (other_image, shell, sidecar):
+            assert "an MPS control daemon pod runs one container" in refused(pod)
+        renamed = body("mps-a")
+        renamed["metadata"]["name"] = "not-a-daemon"
+        assert "may only create or delete MPS control daemon pods" in refused(renamed)
+
+        core.create_namespaced_pod(ns, body("mps-a"))  # really, then the launcher lists and deletes it
+        cp.kubectl("apply", "-f", "-", input=json.dumps(body("mps-b", "c2")))  # by an admin, on the other node
+        assert pods("mps-a").list() == ["c1"]
+        with pytest.raises(ApiException) as foreign:
+            core.delete_namespaced_pod("mps-control-daemon-c2", ns)
+        assert foreign.value.status == 403 and "not on node mps-b" in str(foreign.value.body)
+        core.delete_namespaced_pod("mps-control-daemon-c1", ns)  # graceful: no kubelet here confirms it
+        assert cp.kubectl_json("get", "pod", "mps-control-daemon-c1", "-n", ns)["metadata"]["deletionTimestamp"]
+    finally:
+        cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
+        cp.kubectl("delete", "namespace", ns, "--wait=false")
+        for o in objs:
+            if o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+                cp.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found")
+        for node in ("mps-a", "mps-b"):
+            cp.delete_node(node)
+
+
+def test_the_cdi_hook_path_reaches_the_plugin_only_when_set(helm: Helm) -> None:
+    def plugin_args(*extra: str) -> list[str]:
+        ds = _one(_render(helm, *REAL, *extra), "DaemonSet", FULLNAME)
+        return list(next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "plugin")["args"])
+
+    assert not [a for a in plugin_args() if a.startswith("--cdi-hook-path")]
+    assert "--cdi-hook-path=/usr/bin/nvidia-cdi-hook" in plugin_args("--set", "cdi.hookPath=/usr/bin/nvidia-cdi-hook")

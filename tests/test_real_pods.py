@@ -7,6 +7,7 @@ everything."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import subprocess
 import sys
@@ -16,10 +17,11 @@ from typing import Any
 
 import pytest
 
+from dra_driver.simulator.driverroot import multiarch
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.cluster import images
 from tests.cluster.driver import DRIVER_NAME as D
-from tests.cluster.driver import DriverRelease
+from tests.cluster.driver import IMAGE_REPOSITORY, DriverRelease, chart_version
 from tests.cluster.node import Node
 from tests.polling import wait_until
 
@@ -246,10 +248,48 @@ def test_pods_see_the_devices_their_claims_were_allocated(cluster: Cluster) -> N
         env = seen[name]["env"]
         assert env.get("CUDA_MPS_PIPE_DIRECTORY"), env
         assert any(m["target"] == env["CUDA_MPS_PIPE_DIRECTORY"] for m in seen[name]["mounts"]), seen[name]
+    # the driver's user-space files: every library, binary and firmware file of the spec is mounted in the container
+    whole_spec = cluster.cdi_spec(cluster.claims_of("whole")[0]["metadata"]["uid"])
+    spec_mounts = {m["containerPath"] for m in whole_spec["containerEdits"]["mounts"]}
+    targets = {m["target"] for m in seen["whole"]["mounts"]}
+    assert {t for t in spec_mounts if "nvidia" in t or "cuda" in t} <= targets, sorted(spec_mounts - targets)
+    assert any(t.endswith("/libcuda.so.1") for t in targets) and any(t.endswith("/libnvidia-ml.so.1") for t in targets)
     # one CDI spec per prepared claim: whole, pair, small, filled, timesliced, mps
     assert len(cluster.claim_specs()) == 6
     claims = cluster.release.checkpoint_claims()
     assert len(claims) == 6 and {c["state"] for c in claims.values()} == {"PrepareCompleted"}
+
+
+def test_a_glibc_container_loads_libcuda_and_libnvidia_ml_by_soname(cluster: Cluster) -> None:
+    """The driver's own image (Debian, glibc, Python) as a workload: its dynamic loader finds the simulated driver's
+    libcuda.so.1 and libnvidia-ml.so.1 by soname where the CDI spec mounted them, with no ldconfig run."""
+    script = (
+        "import ctypes, hashlib, json\n"
+        "for n in ('libcuda.so.1', 'libnvidia-ml.so.1'): ctypes.CDLL(n)\n"
+        "maps = {line.split()[-1] for line in open('/proc/self/maps') if '/lib' in line}\n"
+        "print(json.dumps({p: hashlib.sha256(open(p, 'rb').read()).hexdigest() for p in sorted(maps)\n"
+        "                  if '/libcuda.so' in p or '/libnvidia-ml.so' in p}))\n"
+    )
+    p = pod("loader", template_name="one-gpu")
+    container = p["spec"]["containers"][0]
+    container.update(image=f"{IMAGE_REPOSITORY}:{chart_version()}", command=["python3", "-c", script])
+    p["spec"]["restartPolicy"] = "Never"
+    cluster.apply(p)
+
+    def finished() -> str | None:
+        phase = cluster.cp.kubectl_json("get", "pod", "loader", "-n", NS)["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_until("the loader pod finished", finished, timeout=90)
+    out = cluster.cp.kubectl("logs", "-n", NS, "loader").stdout
+    assert phase == "Succeeded", out
+    loaded = json.loads(out.strip().splitlines()[-1])  # mapped path -> sha256 of what the loader mapped
+    libdir = cluster.release.sim_state / cluster.release.machine / "driver-root" / "usr" / "lib" / multiarch()
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        mapped = [path for path in loaded if path.endswith(f"/{multiarch()}/{soname}")]
+        assert mapped, loaded
+        assert loaded[mapped[0]] == hashlib.sha256((libdir / soname).read_bytes()).hexdigest()
+    cluster.cp.kubectl("delete", "pod", "loader", "-n", NS, "--wait=true")
 
 
 def test_a_claim_that_cannot_fit_stays_pending_and_simulate_explains_why(cluster: Cluster) -> None:

@@ -59,6 +59,8 @@ from dra_driver.sharing import (
     default_runner,
     with_edits,
 )
+from dra_driver.sharing.mps_launch import MpsLauncher
+from dra_driver.sharing.tmpfs import ShmMounter
 from dra_driver.slices.devices import PublishMode
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,8 @@ class Driver:
         sharing_runner: CommandRunner | None = None,  # None: the runner matching `lib` (sharing.default_runner)
         driver_root: Path | None = None,  # the driver's files as this process reads them; None: CDI specs without
         host_driver_root: Path | None = None,  # the same directory as the host sees it (default: driver_root)
+        mps_launcher: MpsLauncher | None = None,  # None: MPS daemons as this process's children (LocalMps)
+        shm: ShmMounter | None = None,  # the tmpfs on MPS shm directories; None: plain directories
     ) -> None:
         self.settings = settings
         self.lib = lib
@@ -141,7 +145,7 @@ class Driver:
         self._boot_id = boot_id
         # nvidia-smi and the MPS control daemon from the driver root, as NVIDIA's driver runs them
         runner = sharing_runner or (DriverRootRunner(driver_root) if driver_root is not None else default_runner(lib))
-        self.sharing = SharingManager(runner, settings.plugin_dir)
+        self.sharing = SharingManager(runner, settings.plugin_dir, mps=mps_launcher, shm=shm)
         self.lib.nvmlInit()  # one long-lived NVML session: handle lookups stay cheap
         with self._locked():
             self.checkpoint = Checkpoint(settings.plugin_dir / "checkpoint.json", boot_id)
@@ -218,7 +222,7 @@ class Driver:
                             "nothing was changed"
                         )
                         continue
-                    out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, got, classes))
+                    out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, got, classes, deadline))
             except (PrepareError, ConfigError, MigError, DevNodeError, SharingError, OSError) as e:
                 log.warning("prepare %s/%s (%s) failed: %s", ref.namespace, ref.name, ref.uid, e)
                 out[ref.uid] = PrepareResult(error=str(e))
@@ -259,7 +263,11 @@ class Driver:
         return claim
 
     def _prepare_claim(
-        self, ref: ClaimRef, claim: ResourceClaim, classes: dict[str, DeviceClass | str]
+        self,
+        ref: ClaimRef,
+        claim: ResourceClaim,
+        classes: dict[str, DeviceClass | str],
+        deadline: float | None = None,
     ) -> list[PreparedDevice]:
         existing = self.checkpoint.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
@@ -316,7 +324,7 @@ class Driver:
                 for p, record, uuid in zip(planned, entry.devices, uuids, strict=True)
             ]
             # recorded in the checkpoint; the other claims' records say who else holds a shared GPU's settings
-            edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save, self._others(ref.uid))
+            edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save, self._others(ref.uid), deadline=deadline)
             spec = claim_spec(self.settings.driver, ref.uid, nodes, uuids, common=self.driver_edits)
             self.cdi.write(ref.uid, with_edits(spec, edits))
             crashpoints.reached("prepare.cdi-written")

@@ -6,9 +6,12 @@ and marked `applied: true` after, so a crash at any point leaves a record that `
 - TimeSlicing, whole GPUs only (a MIG device takes no interval): compute mode DEFAULT, then
   `nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>` (Default/Short/Medium/Long), as NVIDIA's plugin
   does; undone by interval 0 and the compute mode found.
-- MPS: one control daemon per claim (mps.py). Its whole GPUs get compute mode EXCLUSIVE_PROCESS before it starts
-  and the mode found back after it stops; a MIG device's GPU keeps its mode, as in NVIDIA's plugin (the mode of a
-  GPU is that of every MIG device on it, other claims' included).
+- MPS: one control daemon per claim, in `<plugin dir>/mps/<claim uid>/{pipe,log,shm}` with a tmpfs on shm
+  (tmpfs.py), run by a launcher (mps_launch.py): a pod of its own that outlives the plugin (mps_deployment.py), or
+  the plugin's child. Its whole GPUs get compute mode EXCLUSIVE_PROCESS before it starts and the mode found back
+  after it stops; a MIG device's GPU keeps its mode, as in NVIDIA's plugin (the mode of a GPU is that of every MIG
+  device on it, other claims' included). Undone in reverse: daemon stopped (and gone), tmpfs unmounted, directory
+  removed, compute mode restored; a daemon that does not stop fails the unprepare, which the kubelet retries.
 
 The compute mode found is read (`nvidia-smi --query-gpu=compute_mode`) before anything changes and recorded with
 the intent; a claim joining a GPU that another claim set up records the mode that claim found. Claims sharing a
@@ -23,6 +26,8 @@ Records: {"strategy": "TimeSlicing", "gpuUuid", "interval", "computeMode", "appl
 from __future__ import annotations
 
 import logging
+import shutil
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +37,19 @@ from dra_driver.cdi.spec import CdiSpec, ContainerEdits
 from dra_driver.plugin import crashpoints
 from dra_driver.plugin.checkpoint import CheckpointedDevice, ClaimEntry
 from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, pinned_limit_mib
-from dra_driver.sharing import conflicts
+from dra_driver.sharing import conflicts, tmpfs
 from dra_driver.sharing.conflicts import TIME_SLICE, Wanted
-from dra_driver.sharing.mps import MpsControl
+from dra_driver.sharing.mps_control_daemon import MpsSettings
+from dra_driver.sharing.mps_launch import LocalMps, MpsLauncher, container_edits
 from dra_driver.sharing.nvsmi import COMPUTE_MODES, DEFAULT, EXCLUSIVE_PROCESS, NvidiaSmi, SharingError
 from dra_driver.sharing.runner import DEFAULT_TIMEOUT_S, CommandRunner, DriverRootRunner, RealRunner
+from dra_driver.sharing.tmpfs import ShmMounter, TmpfsError
 
 log = logging.getLogger(__name__)
 
 Config = GpuConfig | MigDeviceConfig
 _MODE_SET_BY = {"TimeSlicing": DEFAULT, "MPS": EXCLUSIVE_PROCESS}
+MPS_STOP_TIMEOUT_S = 40.0  # an unprepare's wait for a daemon to go (the kubelet retries a failed unprepare)
 
 
 @dataclass(frozen=True)
@@ -64,20 +72,35 @@ def _interval(config: Config | None) -> int:
 
 
 class SharingManager:
-    def __init__(self, runner: CommandRunner, plugin_dir: Path) -> None:
+    def __init__(
+        self,
+        runner: CommandRunner,
+        plugin_dir: Path,
+        *,
+        mps: MpsLauncher | None = None,
+        shm: ShmMounter | None = None,
+    ) -> None:
         """`runner` runs the driver's tools by name (nvidia-smi, nvidia-cuda-mps-control): normally a
-        DriverRootRunner; tests may wrap it to record or fail calls."""
+        DriverRootRunner; tests may wrap it to record or fail calls. `mps`: who runs MPS daemons (None: LocalMps,
+        the plugin's children); `shm`: mounts the tmpfs on MPS shm directories (None: plain directories)."""
         self.runner = runner
         self.plugin_dir = plugin_dir
         self.smi = NvidiaSmi(runner)
-        self.mps = MpsControl(runner)
+        self.mps: MpsLauncher = mps if mps is not None else LocalMps(runner)
+        self.shm = shm
 
     @classmethod
     def at_driver_root(
-        cls, driver_root: Path, plugin_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S
+        cls,
+        driver_root: Path,
+        plugin_dir: Path,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        mps: MpsLauncher | None = None,
+        shm: ShmMounter | None = None,
     ) -> SharingManager:
         """The tools of the driver root (the host's, where the chart mounts it; the simulator's)."""
-        return cls(DriverRootRunner(driver_root, RealRunner(timeout_s)), plugin_dir)
+        return cls(DriverRootRunner(driver_root, RealRunner(timeout_s)), plugin_dir, mps=mps, shm=shm)
 
     def mps_dir(self, claim_uid: str) -> Path:
         return self.plugin_dir / "mps" / claim_uid
@@ -105,10 +128,13 @@ class SharingManager:
         targets: list[Target],
         save: Callable[[], None],
         others: Iterable[ClaimEntry] = (),
+        *,
+        deadline: float | None = None,
     ) -> ContainerEdits | None:
         """Apply the claim's sharing; returns the container edits the claim's CDI spec needs (None: none).
         `save` writes the checkpoint: called once with the intents recorded, once with them marked applied.
-        `others`: the checkpoint's other claims (SharingConflict, before any change, when they are in the way)."""
+        `others`: the checkpoint's other claims (SharingConflict, before any change, when they are in the way).
+        `deadline` (time.monotonic()): by when an MPS daemon must be up (the kubelet's deadline)."""
         held = list(others)
         live = [t for t in targets if not t.record.admin_access]
         slices = [t for t in live if _strategy(t.config) == "TimeSlicing" and not t.is_mig]
@@ -138,7 +164,7 @@ class SharingManager:
         for t in mps_gpus:
             if found[t.uuid] != EXCLUSIVE_PROCESS:
                 self.smi.set_compute_mode(t.uuid, EXCLUSIVE_PROCESS)
-        edits = self.mps.start(directory, [t.uuid for t in mps], self._mps_commands(mps)) if mps else None
+        edits = self._start_mps(claim_uid, directory, mps, deadline) if mps else None
         crashpoints.reached("prepare.sharing-applied")
         for t in slices + mps:
             assert t.record.sharing is not None
@@ -146,22 +172,31 @@ class SharingManager:
         save()
         return edits
 
+    def _start_mps(
+        self, claim_uid: str, directory: Path, targets: list[Target], deadline: float | None
+    ) -> ContainerEdits:
+        for sub in ("pipe", "log", "shm"):
+            (directory / sub).mkdir(parents=True, exist_ok=True)
+        if self.shm is not None:
+            try:
+                self.shm.mount(directory / "shm")
+            except TmpfsError as e:
+                raise SharingError(f"MPS shm of claim {claim_uid}: {e}") from e
+        self.mps.start(claim_uid, directory, [t.uuid for t in targets], self._mps_settings(targets), deadline)
+        return container_edits(directory)
+
     @staticmethod
-    def _mps_commands(targets: list[Target]) -> list[str]:
-        commands: list[str] = []
+    def _mps_settings(targets: list[Target]) -> MpsSettings:
         first = targets[0].config
         assert first is not None and first.sharing is not None
-        if first.sharing.mps_config and first.sharing.mps_config.default_active_thread_percentage is not None:
-            commands.append(
-                f"set_default_active_thread_percentage {first.sharing.mps_config.default_active_thread_percentage}"
-            )
+        percentage = first.sharing.mps_config.default_active_thread_percentage if first.sharing.mps_config else None
+        limits: list[tuple[int, str]] = []
         for index, t in enumerate(targets):  # device indices as the daemon sees them: CUDA_VISIBLE_DEVICES order
             assert t.config is not None and t.config.sharing is not None
             mps = t.config.sharing.mps_config
             if mps is not None and mps.default_pinned_device_memory_limit is not None:
-                mib = pinned_limit_mib(mps.default_pinned_device_memory_limit)
-                commands.append(f"set_default_device_pinned_mem_limit {index} {mib}M")
-        return commands
+                limits.append((index, f"{pinned_limit_mib(mps.default_pinned_device_memory_limit)}M"))
+        return MpsSettings(percentage, tuple(limits))
 
     # ----- undo -----------------------------------------------------------------------------------------------
     def undo(self, claim_uid: str, records: list[CheckpointedDevice], others: Iterable[ClaimEntry] = ()) -> None:
@@ -172,9 +207,10 @@ class SharingManager:
         held = list(others)
         shared: list[dict[str, Any]] = [r.sharing for r in records if r.sharing]
         directories = {Path(s["dir"]) for s in shared if s.get("strategy") == "MPS" and s.get("dir")}
-        directories.add(self.mps_dir(claim_uid))
-        for directory in sorted(directories):
-            self.mps.stop(directory)
+        if self.mps_dir(claim_uid).exists():  # no record says MPS (an older driver's): its directory does
+            directories.add(self.mps_dir(claim_uid))
+        for directory in sorted(directories):  # a failure here leaves the compute modes to the retried unprepare
+            self._stop_mps(claim_uid, directory)
         failures: list[str] = []
         done: set[str] = set()
         for s in shared:
@@ -204,15 +240,34 @@ class SharingManager:
         if found in COMPUTE_MODES and found != _MODE_SET_BY.get(str(record.get("strategy"))):
             self.smi.set_compute_mode(gpu, str(found), gone_is_fine=True)
 
+    def _stop_mps(self, claim_uid: str, directory: Path, deadline: float | None = None) -> None:
+        """Stop the claim's daemon (it is gone when this returns), unmount the shm tmpfs, remove the directory."""
+        self.mps.stop(claim_uid, directory, deadline or time.monotonic() + MPS_STOP_TIMEOUT_S)
+        try:
+            tmpfs.unmount(directory / "shm")  # mounted or not, whatever was recorded: mountinfo says
+        except TmpfsError as e:
+            raise SharingError(f"MPS shm of claim {claim_uid}: {e}") from e
+        if directory.exists():
+            shutil.rmtree(directory)
+
     def remove_orphans(self, keep: set[str]) -> None:
-        """At start: stop and remove MPS directories of claims not in `keep` (the checkpoint's claims)."""
+        """At start: stop the MPS daemons and remove the directories of claims not in `keep` (the checkpoint's
+        claims). A daemon that cannot be stopped now is logged: it is tried again at the next start."""
         root = self.plugin_dir / "mps"
-        if not root.is_dir():
-            return
-        for directory in sorted(root.iterdir()):
-            if directory.is_dir() and directory.name not in keep:
-                log.warning("removing MPS directory %s: no prepared claim owns it", directory)
-                self.mps.stop(directory)
+        found = {d.name for d in root.iterdir() if d.is_dir()} if root.is_dir() else set()
+        try:
+            found |= set(self.mps.list())
+        except SharingError as e:  # the API server is down: the daemons of the directories are still tried
+            log.error("listing MPS control daemons: %s", e)
+        for uid in sorted(found - keep):
+            if (root / uid).parent != root or uid in (".", ".."):  # not a claim's directory name
+                continue
+            log.warning("stopping the MPS control daemon of claim %s and removing its directory: no prepared "
+                        "claim owns it", uid)  # fmt: skip
+            try:
+                self._stop_mps(uid, root / uid)
+            except (SharingError, OSError) as e:
+                log.error("removing the MPS control daemon of claim %s: %s", uid, e)
 
 
 def with_edits(spec: CdiSpec, edits: ContainerEdits | None) -> CdiSpec:
