@@ -19,6 +19,7 @@ import pytest
 
 from dra_driver.simulator.driverroot import multiarch
 from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.simulator.tools.state import SharingState
 from tests.cluster import images
 from tests.cluster.driver import DRIVER_NAME as D
 from tests.cluster.driver import IMAGE_REPOSITORY, DriverRelease, chart_version
@@ -69,6 +70,12 @@ def sharing(strategy: str, **config: Any) -> list[dict[str, Any]]:
     params: dict[str, Any] = {"apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": {"strategy": strategy}}
     if config:
         params["sharing"]["mpsConfig"] = config
+    return [{"opaque": {"driver": D, "parameters": params}}]
+
+
+def time_slice(interval: str) -> list[dict[str, Any]]:
+    sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}
+    params = {"apiVersion": CONFIG_API, "kind": "GpuConfig", "sharing": sharing}
     return [{"opaque": {"driver": D, "parameters": params}}]
 
 
@@ -170,6 +177,10 @@ class Cluster:
                     return next(iter(value.values()), None)
         raise KeyError(device)
 
+    def sharing_state(self) -> SharingState:
+        """Time slices, compute modes and MPS daemons of the simulated GPUs (dra_driver.simulator.tools)."""
+        return SharingState(self.release.sim_state / self.release.machine)
+
     def mig_instances(self) -> list[tuple[int, int, int]]:
         sim = SimulatedNvml(self.release.machine, self.release.sim_state / self.release.machine)
         state = sim.store.read()
@@ -208,7 +219,7 @@ def test_pods_see_the_devices_their_claims_were_allocated(cluster: Cluster) -> N
             req("rest", mig("3g.40gb")),
             constraints=[{"matchAttribute": f"{D}/parentUUID"}],
         ),
-        claim("timesliced", req("gpu", SHARED)),
+        claim("timesliced", req("gpu", SHARED), config=time_slice("Long")),  # the claim's config over the class's
         claim("mps", req("gpu", GPU), config=sharing("MPS", defaultActiveThreadPercentage=50)),
     )
     pods = [
@@ -242,6 +253,9 @@ def test_pods_see_the_devices_their_claims_were_allocated(cluster: Cluster) -> N
     # shared claims: one device for both pods, the same view in each
     assert cluster.expected("ts-0")[2] == cluster.expected("ts-1")[2]
     assert seen["ts-0"]["devices"] == seen["ts-1"]["devices"]
+    # ... and the simulated nvidia-smi (run by the plugin from the driver root) set the GPU's time slice to Long
+    ts_uuid = cluster.attribute(cluster.expected("ts-0")[2][0], "uuid")
+    assert cluster.sharing_state().timeslice(ts_uuid) == 3
     # MPS: the claim's control daemon pipe directory reaches both containers (the thread percentage is the daemon's
     # default, set through that pipe, not an environment variable)
     for name in ("mps-0", "mps-1"):
@@ -317,6 +331,8 @@ def test_deleting_the_pods_unprepares_every_claim(cluster: Cluster) -> None:
     cluster.cp.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
     wait_until("every claim spec removed", lambda: cluster.claim_specs() == [], timeout=60)
     wait_until("MIG instances destroyed", lambda: cluster.mig_instances() == [], timeout=30)
+    state = cluster.sharing_state().read()
+    assert set(state["timeslice"].values()) <= {0}, state["timeslice"]  # Long reset to Default
     assert cluster.release.checkpoint_claims() == {}
     mps_dir = cluster.release.plugin_dir / "mps"
     assert not mps_dir.exists() or list(mps_dir.iterdir()) == []
