@@ -83,12 +83,8 @@ def cluster(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     """A control plane of its own (the shared one's binaries) serving every version the webhook takes: v1beta1 is
     off by default. No controllers: nothing here needs them."""
     runtime_config = {f"resource.k8s.io/{v}": True for v in VERSIONS}
-    cp = ControlPlane(bin_dir=control_plane.bin_dir, runtime_config=runtime_config, controllers=())
-    cp.start()
-    try:
+    with ControlPlane(bin_dir=control_plane.bin_dir, runtime_config=runtime_config, controllers=()) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="module")

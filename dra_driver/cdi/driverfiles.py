@@ -123,6 +123,15 @@ def resolve_in_root(root: Path, path: str) -> str | None:
     return "/" + "/".join(done)
 
 
+def _listdir(root: Path, path: str, warnings: list[str]) -> list[str]:
+    """The sorted names in `path` inside the root; none, with a warning, where it cannot be listed."""
+    try:
+        return sorted(os.listdir(_on(root, path)))
+    except OSError as e:
+        warnings.append(f"cannot list {path}: {e.strerror}")
+        return []
+
+
 def _on(root: Path, path: str) -> Path:
     return root / path.lstrip("/")
 
@@ -207,11 +216,7 @@ def _libraries(root: Path, dirs: list[str], version: str, warnings: list[str]) -
     linked: set[str] = set()
     foreign: list[str] = []  # "link -> file" where the root's soname link names another version
     for d in dirs:
-        try:
-            names = sorted(os.listdir(_on(root, d)))
-        except OSError as e:
-            warnings.append(f"cannot list {d}: {e.strerror}")
-            continue
+        names = _listdir(root, d, warnings)
         for name in names:
             if not name.endswith(suffix):
                 continue
@@ -316,11 +321,7 @@ def _firmware(root: Path, version: str, kernel_release: str, warnings: list[str]
         real_dir = resolve_in_root(root, d)
         if real_dir is None or not stat.S_ISDIR(_mode(root, real_dir) or 0):
             continue
-        try:
-            listed = sorted(os.listdir(_on(root, real_dir)))
-        except OSError as e:
-            warnings.append(f"cannot list {real_dir}: {e.strerror}")
-            continue
+        listed = _listdir(root, real_dir, warnings)
         for name in listed:
             if not fnmatch.fnmatchcase(name, "gsp*.bin"):
                 continue
