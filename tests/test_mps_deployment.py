@@ -166,20 +166,32 @@ class FakeKubelet:
         self.thread.join(10)
 
     def _run(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
         while not self.stop.wait(0.05):
-            pods = self.core.list_namespaced_pod(
-                self.namespace, field_selector=f"spec.nodeName={self.node}", _request_timeout=5
-            ).items
+            try:
+                pods = self.core.list_namespaced_pod(
+                    self.namespace, field_selector=f"spec.nodeName={self.node}", _request_timeout=5
+                ).items
+            except Exception:  # a slow API server on a loaded machine: a kubelet tries again
+                continue
             for pod in pods:
-                name = pod.metadata.name
-                if pod.metadata.deletion_timestamp is not None:
-                    if self.confirm_deletion:
-                        self.core.delete_namespaced_pod(
-                            name, self.namespace, grace_period_seconds=0, _request_timeout=5
-                        )
-                elif self.ready and pod.status.phase not in ("Running", "Failed"):
-                    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-                    self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status}, _request_timeout=5)
+                try:
+                    self._reconcile(pod)
+                except ApiException as e:  # the pod went (or changed) between the list and this call
+                    if e.status not in (404, 409):
+                        raise
+                except Exception:  # a read timeout: next round
+                    pass
+
+    def _reconcile(self, pod: Any) -> None:
+        name = pod.metadata.name
+        if pod.metadata.deletion_timestamp is not None:
+            if self.confirm_deletion:
+                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0, _request_timeout=5)
+        elif self.ready and pod.status.phase not in ("Running", "Failed"):
+            status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status}, _request_timeout=5)
 
 
 @pytest.fixture

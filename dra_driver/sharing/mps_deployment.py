@@ -51,6 +51,7 @@ CONTAINER = "mps-control-daemon"
 READY_FILE = "/tmp/mps-control-daemon.ready"  # the container's own /tmp: a restarted container starts without it
 CONTAINER_DRIVER_ROOT = Path("/driver-root")  # where the daemon sees a driver root that is the host's `/`
 DEFAULT_TIMEOUT_S = 120.0  # start or stop without a caller's deadline
+MIN_READ_S = 0.25  # a poll that would leave less than this for the next read reports what it saw instead
 API_TIMEOUT_S = 10.0
 POLL_S = 0.25
 _UID = re.compile(r"^[0-9a-z]([-0-9a-z]{0,34}[0-9a-z])?$")
@@ -262,7 +263,7 @@ class MpsPods:
             pod = self._get(name, deadline)
             if pod is None or pod["metadata"]["uid"] != uid:
                 return
-            if time_left(deadline) <= self.poll_s:
+            if time_left(deadline) <= self.poll_s + MIN_READ_S:
                 raise MpsDaemonError(
                     f"MPS control daemon pod {self.namespace}/{name} still exists (phase "
                     f"{pod.get('status', {}).get('phase', '?')}): the kubelet of node {self.node_name} has not "
@@ -311,8 +312,18 @@ class MpsPods:
         self._wait_ready(name, deadline)
 
     def _wait_ready(self, name: str, deadline: float) -> None:
+        seen: dict[str, Any] | None = None
         while True:
-            pod = self._get(name, deadline)
+            try:
+                pod = self._get(name, deadline)
+            except MpsDaemonError as e:
+                if seen is None or time_left(deadline) > self.request_timeout:
+                    raise
+                # The read ran into the deadline: what the pod was last seen waiting for says more than the timeout.
+                raise MpsDaemonError(
+                    f"MPS control daemon pod {self.namespace}/{name} not ready (deadline exceeded): {_state(seen)}"
+                ) from e
+            seen = pod
             if pod is None:
                 raise MpsDaemonError(f"MPS control daemon pod {self.namespace}/{name} was deleted while starting")
             status = pod.get("status", {})
@@ -320,7 +331,7 @@ class MpsPods:
             if conditions.get("Ready") == "True":
                 return
             ended = status.get("phase") in ("Succeeded", "Failed")
-            if ended or time_left(deadline) <= self.poll_s:
+            if ended or time_left(deadline) <= self.poll_s + MIN_READ_S:
                 why = "it ended" if ended else "deadline exceeded"
                 raise MpsDaemonError(f"MPS control daemon pod {self.namespace}/{name} not ready ({why}): {_state(pod)}")
             time.sleep(self.poll_s)
