@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,3 +25,29 @@ def sim_factory(tmp_path: Path) -> Iterator[object]:
         return sim
 
     yield make
+
+
+# Tables a test reports (crash recovery, CEL agreement), shown in the terminal summary. They travel as the report's
+# user_properties, so they also reach the controller when pytest-xdist runs the tests in worker processes.
+SUMMARY_PROPERTY = "summary-table"
+_tables: list[tuple[str, str]] = []
+
+
+@pytest.fixture
+def report_table(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    def add(title: str, text: str) -> None:
+        request.node.user_properties.append((SUMMARY_PROPERTY, (title, text)))
+
+    return add
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _tables.extend(tuple(value) for name, value in report.user_properties if name == SUMMARY_PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for title, text in _tables:
+        terminalreporter.section(title)
+        for line in text.splitlines():
+            terminalreporter.write_line(line)

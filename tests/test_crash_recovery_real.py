@@ -15,10 +15,10 @@ daemon from another copy of the package (to check that the test catches the bugs
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,26 +29,17 @@ WORKERS = int(os.environ.get("DRA_CRASH_WORKERS", "2"))  # nodes (each a daemon)
 SUMMARY = Path(tempfile.gettempdir()) / "dra-crash-recovery" / "summary.txt"
 
 
-class _Summary:
-    """A pytest plugin registered by the test: the table in the terminal summary, whatever the capture mode."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.section("crash recovery (real daemon)")
-        for line in self.text.splitlines():
-            terminalreporter.write_line(line)
-
-
 @pytest.mark.timeout(900)
-def test_daemon_recovers_from_a_kill_at_every_step(control_plane, tmp_path: Path, request) -> None:
+def test_daemon_recovers_from_a_kill_at_every_step(control_plane, tmp_path: Path, report_table) -> None:
     only = {s for s in os.environ.get("DRA_CRASH_SCENARIOS", "").split(",") if s}
     driver_root = Path(os.environ.get("DRA_CRASH_DRIVER_ROOT") or REPO_ROOT)
     began = time.monotonic()
+    # A short root: pytest's tmp_path (longer under pytest-xdist) would push the daemons' sockets past AF_UNIX's
+    # 107 bytes. Kept on failure, for the daemon logs.
+    root = Path(tempfile.mkdtemp(prefix="crash-"))
     reports, nodes = run_matrix(
         control_plane,
-        tmp_path,
+        root,
         "crash-node",
         only=only,
         workers=WORKERS,
@@ -62,11 +53,12 @@ def test_daemon_recovers_from_a_kill_at_every_step(control_plane, tmp_path: Path
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(table + "\n")
     (tmp_path / "summary.txt").write_text(table + "\n")
-    request.config.pluginmanager.register(_Summary(table), "crash-recovery-summary")
+    report_table("crash recovery (real daemon)", table)
 
     failures = [f for r in reports for f in r.failures]
     logs = ", ".join(str(n.logs) for n in nodes)
     assert not failures, f"{len(failures)} invariant failures after kills (daemon logs under {logs}):\n{table}"
+    shutil.rmtree(root, ignore_errors=True)
     if crash_points_wired() and not only:
         missing = [s for s in crashpoints.STEPS if s not in reached_steps(reports)]
         assert not missing, (

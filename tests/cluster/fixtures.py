@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,10 +150,45 @@ class SharedNode:
 _shared_node = SharedNode()
 
 
+NODE_FIXTURES = ("real_node", "no_shared_node", "node_binaries")
+NODE_MODULE_PREFIX = "test_real_"  # every module that runs a node is named so: the scheduler below knows it by name
+NODE_GROUP = "real-node"
+
+
+def _node_module(path: str) -> bool:
+    return Path(path).name.startswith(NODE_MODULE_PREFIX)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules that start a node of their own run before the modules sharing one, so the shared node starts once."""
-    own = {item.module for item in items if "no_shared_node" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: 0 if item.module in own else 1)  # stable: the order within each group stays
+    """Modules that run a node come first, those that start a node of their own before those sharing one, so the
+    shared node starts once (and, under pytest-xdist, the longest unit of work starts first)."""
+    own, node = set(), set()
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if any(f in names for f in NODE_FIXTURES):
+            if not _node_module(str(item.path)):
+                raise pytest.UsageError(f"{item.nodeid} runs a node: its module's name must start with "
+                                        f"{NODE_MODULE_PREFIX!r} (tests/cluster/fixtures.py)")  # fmt: skip
+            node.add(item.module)
+        if "no_shared_node" in names:
+            own.add(item.module)
+    items.sort(key=lambda item: 0 if item.module in own else 1 if item.module in node else 2)  # stable
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (`-n N`): one worker runs every module that runs a node (one host, one node), in
+    collection order; the other modules are distributed whole (their module-scoped clusters start once)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NodeGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return NODE_GROUP if _node_module(module) else module
+
+    config.option.loadscopereorder = False  # keep the collection order: the node group first
+    return NodeGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
