@@ -21,6 +21,7 @@ from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.nvml.source import open_source
 from dra_driver.plugin import features
+from dra_driver.report.cli import add_subcommand as add_report_subcommand
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.model import ResourceSlice
@@ -329,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_subcommand(sub)
     _add_webhook_subcommand(sub)
     _add_mps_control_daemon_subcommand(sub)
+    add_report_subcommand(sub)
 
     inv = sub.add_parser("inventory", help="discover GPUs and print this node's ResourceSlices")
     _add_nvml_args(inv)

@@ -299,8 +299,10 @@ class SimulatedNvml:
             mib += 128 if gi.start else 0
         else:
             mib = self._gpu(handle)[2].memory_mib
+        total = mib << 20
+        used = self._workload_memory(handle, total)
         mem = pynvml.c_nvmlMemory_t()
-        mem.total, mem.free, mem.used = mib << 20, mib << 20, 0
+        mem.total, mem.free, mem.used = total, total - used, used
         return mem
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
@@ -722,7 +724,21 @@ class SimulatedNvml:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvml.h: not supported on MIG-enabled GPUs
         util = pynvml.c_nvmlUtilization_t()
         util.gpu, util.memory = t.gpu_utilization, t.memory_utilization
+        if t.workload is not None:  # a workload profile (dra_driver.simulator.workload) drives it
+            util.gpu = t.workload.utilization(time.time())
+            util.memory = util.gpu // 2
         return util
+
+    def _workload_memory(self, handle: Any, total: int) -> int:
+        """Bytes in use on a GPU or MIG device under its workload profile; 0 without one."""
+        uuid: str | None = None
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            index, _, _, _, ci = self._ci(handle)
+            uuid = ci.uuid
+        else:
+            index = self._gpu(handle)[0]
+        workload = self.telemetry.workload(index, uuid)
+        return workload.memory_used(total) if workload is not None else 0
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         _, t = self._telemetry_of(handle)

@@ -4,9 +4,11 @@ The values live in `telemetry.json` in the simulator's state directory, next to 
 another process) sets them from outside and the driver reads them through the pynvml functions
 (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetTemperature`, `nvmlDeviceGetPowerUsage`,
 `nvmlDeviceGetTotalEccErrors`). Until something is set, every GPU reads the same deterministic idle values
-(`GpuTelemetry()`'s defaults).
+(`GpuTelemetry()`'s defaults). A `workload` (dra_driver.simulator.workload) makes utilisation and memory in use
+follow a profile over time instead; it applies to the GPU's MIG devices too, unless one has its own in `mig`.
 
     TelemetryStore(sim.state_dir).set(0, gpu_utilization=75, temperature_c=61)
+    TelemetryStore(sim.state_dir).set(1, workload=Workload(profile="bursty", start=time.time(), period_s=4))
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from dra_driver.simulator.lockedfile import locked, replace_text
+from dra_driver.simulator.workload import Workload
 
 TELEMETRY_FILE = "telemetry.json"
 
@@ -37,12 +40,14 @@ class GpuTelemetry(BaseModel):
     ecc_uncorrected: int = Field(default=0, ge=0, description="volatile uncorrected (double-bit) ECC errors")
     ecc_corrected_aggregate: int = Field(default=0, ge=0, description="lifetime corrected ECC errors")
     ecc_uncorrected_aggregate: int = Field(default=0, ge=0, description="lifetime uncorrected ECC errors")
+    workload: Workload | None = Field(default=None, description="when set, utilisation and memory follow it")
 
 
 class MachineTelemetry(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     gpus: dict[int, GpuTelemetry] = {}  # by NVML index; absent: defaults
+    mig: dict[str, Workload] = {}  # by MIG device UUID; absent: the parent GPU's workload
 
 
 class TelemetryStore:
@@ -85,6 +90,26 @@ class TelemetryStore:
             data.gpus[index] = updated
             replace_text(self.path, data.model_dump_json(indent=1))
             return updated
+
+    def workload(self, index: int, mig_uuid: str | None = None) -> Workload | None:
+        """The profile GPU `index` (or its MIG device `mig_uuid`) follows; None: the fixed readings."""
+        with self._thread_lock:
+            data = self._load()
+            if mig_uuid is not None and mig_uuid in data.mig:
+                return data.mig[mig_uuid]
+            gpu = data.gpus.get(index)
+            return gpu.workload if gpu is not None else None
+
+    def set_mig_workload(self, mig_uuid: str, workload: Workload | None) -> None:
+        """Give one MIG device its own profile (None: back to its GPU's)."""
+        with self._locked():
+            self._cached_stat = None
+            data = self._load().model_copy(deep=True)
+            if workload is None:
+                data.mig.pop(mig_uuid, None)
+            else:
+                data.mig[mig_uuid] = workload
+            replace_text(self.path, data.model_dump_json(indent=1))
 
     def add_ecc_errors(self, index: int, *, corrected: int = 0, uncorrected: int = 0) -> GpuTelemetry:
         """ECC errors happen: both the volatile and the aggregate counters grow."""

@@ -11,6 +11,9 @@ Metrics (gauges unless noted), per whole GPU and per MIG device that exists:
 - ``dra_driver_gpu_utilization_ratio``: GPU busy time over NVML's last sample period, 0..1. GPUs only, and not
   on GPUs with MIG enabled (NVML does not report it there; MIG devices never have it).
 - ``dra_driver_gpu_memory_used_bytes``, ``dra_driver_gpu_memory_total_bytes``: GPUs and MIG devices.
+- ``dra_driver_gpu_share_ratio``: the fraction of its GPU a device is: 1 for a GPU, the GPU instance's compute
+  slices over the GPU's (its largest profile's) for a MIG device, e.g. 3/7 for a 3g. It weighs MIG partitions in
+  the GPU-hours recording rules (deploy/prometheus/rules.yaml).
 - ``dra_driver_gpu_temperature_celsius``: GPU core (``NVML_TEMPERATURE_GPU``); GPUs only.
 - ``dra_driver_gpu_power_watts``: board power draw; GPUs only.
 - ``dra_driver_gpu_ecc_errors_total{type=corrected|uncorrected}`` (counter): volatile ECC error counts (since the
@@ -82,6 +85,7 @@ class _Families:
         self.utilization = gauge("utilization_ratio", "GPU busy time over NVML's last sample period (0..1).")
         self.memory_used = gauge("memory_used_bytes", "Device memory in use (framebuffer), bytes.")
         self.memory_total = gauge("memory_total_bytes", "Device memory in total (framebuffer), bytes.")
+        self.share = gauge("share_ratio", "The fraction of its GPU the device is (MIG: compute slices), 0..1.")
         self.temperature = gauge("temperature_celsius", "GPU core temperature, degrees Celsius.")
         self.power = gauge("power_watts", "GPU board power draw, watts.")
         self.ecc = CounterMetricFamily(
@@ -101,6 +105,7 @@ class _Families:
             self.utilization,
             self.memory_used,
             self.memory_total,
+            self.share,
             self.temperature,
             self.power,
             self.ecc,
@@ -239,7 +244,11 @@ class GpuCollector(Collector):
             h = lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
             read(families.utilization, labels, lambda: self._optional(lib.nvmlDeviceGetUtilizationRates, h).gpu / 100)
             mem = self._optional(lib.nvmlDeviceGetMemoryInfo, h)
-            samples += [(families.memory_used, labels, mem.used), (families.memory_total, labels, mem.total)]
+            samples += [
+                (families.memory_used, labels, mem.used),
+                (families.memory_total, labels, mem.total),
+                (families.share, labels, 1.0),
+            ]
             read(
                 families.temperature,
                 labels,
@@ -252,12 +261,13 @@ class GpuCollector(Collector):
             ):
                 read(families.ecc, [*labels, type_name], partial(self._ecc, h, error_type))
             if gpu.mig_enabled or gpu.mig_capable:
-                for mig_name, mig_uuid, mig_mem in self._mig_devices(h, gpu, mig_names):
+                for mig_name, mig_uuid, mig_mem, share in self._mig_devices(h, gpu, mig_names):
                     mig_labels = self._labels(mig_name, mig_uuid, gpu.product_name, holders.get(mig_name))
                     samples += [
                         (families.up, mig_labels, 1),
                         (families.memory_used, mig_labels, mig_mem.used),
                         (families.memory_total, mig_labels, mig_mem.total),
+                        (families.share, mig_labels, share),
                     ]
         except _Skip:  # memory info unsupported: treat like any read failure
             families.up.add_metric(labels, 0)
@@ -276,8 +286,8 @@ class GpuCollector(Collector):
 
     def _mig_devices(
         self, parent: Handle, gpu: GpuInfo, mig_names: dict[str, tuple[str, str]]
-    ) -> list[tuple[str, str, Any]]:
-        """(device name, MIG UUID, memory info) of each MIG device that exists on the GPU."""
+    ) -> list[tuple[str, str, Any, float]]:
+        """(device name, MIG UUID, memory info, share of the GPU) of each MIG device that exists on the GPU."""
         lib = self.lib
         try:
             count = int(lib.nvmlDeviceGetMaxMigDeviceCount(parent))
@@ -285,7 +295,7 @@ class GpuCollector(Collector):
             if error_code(e) in _OPTIONAL:
                 return []
             raise
-        found: list[tuple[str, str, Any]] = []
+        found: list[tuple[str, str, Any, float]] = []
         for i in range(count):
             try:
                 mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
@@ -294,10 +304,23 @@ class GpuCollector(Collector):
                     continue
                 raise
             mig_uuid = as_text(lib.nvmlDeviceGetUUID(mig))
-            found.append(
-                (self._mig_name(parent, mig, gpu, mig_uuid, mig_names), mig_uuid, lib.nvmlDeviceGetMemoryInfo(mig))
-            )
+            mem = lib.nvmlDeviceGetMemoryInfo(mig)
+            name = self._mig_name(parent, mig, gpu, mig_uuid, mig_names)
+            found.append((name, mig_uuid, mem, self._mig_share(parent, mig, gpu, mem.total)))
         return found
+
+    def _mig_share(self, parent: Handle, mig: Handle, gpu: GpuInfo, memory_total: int) -> float:
+        """Compute slices of the MIG device's GPU instance over the GPU's; by memory where the profile is unknown."""
+        lib = self.lib
+        info = lib.nvmlGpuInstanceGetInfo(lib.nvmlDeviceGetGpuInstanceById(parent, lib.nvmlDeviceGetGpuInstanceId(mig)))
+        whole = max((p.compute_slices for p in gpu.mig_profiles), default=0)
+        try:
+            slices = gpu.profile(info.profileId).compute_slices
+        except KeyError:
+            slices = 0
+        if slices and whole:
+            return slices / whole
+        return memory_total / gpu.memory_bytes if gpu.memory_bytes else 0.0
 
     def _mig_name(
         self, parent: Handle, mig: Handle, gpu: GpuInfo, mig_uuid: str, mig_names: dict[str, tuple[str, str]]
