@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, compile_selector
+from dra_driver.cel import (
+    KUBERNETES_1_36,
+    CelCompileError,
+    CelDevice,
+    CelRuntimeError,
+    Features,
+    compile_selector,
+    configure,
+)
 
 DRIVER = "gpu.example.com"
 DEV = CelDevice(
@@ -99,10 +107,13 @@ def test_invalid_version_attribute_is_an_error() -> None:
         ev("true", bad)
 
 
-def test_attribute_must_have_exactly_one_value() -> None:
-    bad = CelDevice(driver=DRIVER, attributes={"v": {"int": 1, "string": "a"}})
-    with pytest.raises(CelRuntimeError, match="exactly one value"):
-        ev("true", bad)
+def test_attribute_with_two_values_uses_the_first_and_one_without_any_is_unsupported() -> None:
+    """compile.go's getAttributeValue: int, bool, string, version in that order (Kubernetes 1.36.3 agrees)."""
+    two = CelDevice(driver=DRIVER, attributes={"v": {"int": 1, "string": "a"}})
+    assert ev(f'device.attributes["{DRIVER}"].v == 1', two)
+    none = CelDevice(driver=DRIVER, attributes={"v": {}})
+    with pytest.raises(CelRuntimeError, match="attribute v: unsupported attribute value"):
+        ev("true", none)
 
 
 def test_allow_multiple_allocations_defaults_to_false() -> None:
@@ -153,6 +164,14 @@ def test_from_slice_device_on_simulated_dgx_h100() -> None:
 
 
 def test_list_attributes_and_includes() -> None:
+    configure(Features(list_type_attributes=True))  # DRAListTypeAttributes is alpha, off in 1.36
+    try:
+        _check_list_attributes()
+    finally:
+        configure(KUBERNETES_1_36)
+
+
+def _check_list_attributes() -> None:
     dev = CelDevice(
         driver=DRIVER,
         attributes={"links": {"ints": [1, 2, 3]}, "names": {"strings": ["a", "b"]}, "v": {"versions": ["1.0.0"]}},

@@ -41,12 +41,12 @@ TRUE_CASES = [
     "b'abc' == bytes('abc')",
     "null == null && {'a': null}.a == null",
     # cross-type numeric comparisons and heterogeneous equality
-    "1 == 1.0",
+    "dyn(1) == 1.0",  # numbers compare across types at runtime; `1 == 1.0` does not type-check
     "2 > 1.5",
     "1u < 2 && 2.5 >= 2u",
     "dyn(1) != 'a'",
-    "[1, 2.0] == [1.0, 2]",
-    "{'a': 1} == {'a': 1.0}",
+    "[dyn(1), dyn(2.0)] == [dyn(1.0), dyn(2)]",
+    "{'a': dyn(1)} == {'a': dyn(1.0)}",
     # error absorption (commutative && and ||)
     "false && {'a': 1}.b == 1 ? false : true",
     "{'a': 1}.b == 1 || true",
@@ -95,7 +95,7 @@ TRUE_CASES = [
     "'a1b2c3'.findAll('[0-9]', 2) == ['1', '2'] && 'abc'.find('z') == ''",
     # ext.Lists v3 and the k8s lists library
     "[1, 2, 3, 4].slice(1, 3) == [2, 3]",
-    "[[1, 2], [3, [4]]].flatten() == [1, 2, 3, [4]] && [[1], [[2]]].flatten(2) == [1, 2]",
+    "[[1, 2], [3, 4]].flatten() == [1, 2, 3, 4] && [dyn([1]), dyn([[2]])].flatten(2) == [1, 2]",
     "lists.range(4) == [0, 1, 2, 3]",
     "[1, 2, 1, 3].distinct() == [1, 2, 3] && [1, 2, 3].reverse() == [3, 2, 1]",
     "[3, 1, 2].sort() == [1, 2, 3] && ['b', 'a'].sort() == ['a', 'b']",
@@ -106,7 +106,7 @@ TRUE_CASES = [
     # ext.Sets
     "sets.contains([1, 2, 3], [2, 3]) && !sets.contains([1], [2]) && sets.contains([1, 2], [])",
     "sets.equivalent([1, 2], [2, 1, 1]) && !sets.equivalent([1], [1, 2])",
-    "sets.intersects([1, 2], [2, 3]) && !sets.intersects([1], [2]) && sets.contains([1], [1.0])",
+    "sets.intersects([1, 2], [2, 3]) && !sets.intersects([1], [2]) && sets.contains([1], [dyn(1.0)])",
     # k8s semver library
     "semver('1.2.3').major() == 1 && semver('1.2.3').minor() == 2 && semver('1.2.3').patch() == 3",
     "semver('1.2.3').compareTo(semver('1.2.4')) == -1 && semver('1.2.3').compareTo(semver('1.2.3')) == 0",
@@ -121,7 +121,7 @@ TRUE_CASES = [
     "quantity('1Gi').compareTo(quantity('1G')) == 1 && quantity('500m').compareTo(quantity('0.5')) == 0",
     "quantity('2').isGreaterThan(quantity('1999m')) && quantity('1').isLessThan(quantity('1001m'))",
     "quantity('1.5').add(quantity('500m')) == quantity('2') && quantity('1').add(2) == quantity('3')",
-    "quantity('1').sub(quantity('1.5')).sign() == -1 && quantity('0').sign() == 0 && quantity('3Ki').sign() == 1",
+    "sign(quantity('1').sub(quantity('1.5'))) == -1 && sign(quantity('0')) == 0 && sign(quantity('3Ki')) == 1",
     "quantity('1Ki').isInteger() && !quantity('1.5').isInteger() && quantity('1Ki').asInteger() == 1024",
     "quantity('1.5').asApproximateFloat() == 1.5 && quantity('100m').asApproximateFloat() == 0.1",
     "quantity('0.1').add(quantity('0.2')) == quantity('0.3')",
@@ -137,7 +137,7 @@ def test_true(expr: str) -> None:
 
 @pytest.mark.parametrize(
     "expr",
-    ["1 == 2", "'a' < 'A'", "[1].exists(x, x == 2)", "1.0 != 1", "semver('1.0.0') == semver('1.0.1')"],
+    ["1 == 2", "'a' < 'A'", "[1].exists(x, x == 2)", "dyn(1.0) != 1", "semver('1.0.0') == semver('1.0.1')"],
 )
 def test_false(expr: str) -> None:
     assert ev(expr) is False
@@ -152,11 +152,11 @@ def test_false(expr: str) -> None:
         ("0u - 1u > 0u", "unsigned integer overflow"),
         ("{'a': 1}.b == 1", "no such key: b"),
         ("{'a': 1}['zz'] == 1", "no such key: zz"),
-        ("[1][3] == 1", "index out of range: 3"),
+        ("[1][3] == 1", "index out of bounds: 3"),
         ("{'a': 1}.b == 1 && true", "no such key: b"),
         ("dyn('a') < 1", "no matching overload for '_<_' applied to '(string, int)'"),
         ("dyn(1) && true", "no matching overload"),
-        ("semver('1.2') == semver('1.2.0')", "invalid semver"),
+        ("semver('1.2') == semver('1.2.0')", "No Major.Minor.Patch elements found"),  # blang/semver's wording
         ("quantity('1MB') == quantity('1M')", "quantities must match the regular expression"),
         ("quantity('1Ki5') == quantity('1M')", "unable to parse quantity's suffix"),
         ("quantity('abc') == quantity('1')", "quantities must match the regular expression"),
@@ -166,7 +166,7 @@ def test_false(expr: str) -> None:
         ("'abc'.charAt(4) == ''", "index out of range: 4"),
         ("[1, 2].slice(1, 5) == []", "cannot slice(1, 5)"),
         ("optional.none().value() == 1", "optional.none() dereference"),
-        ("int('x') == 1", "cannot convert string"),
+        ("int(device.driver) == 1", "type conversion error from 'string' to 'int'"),
         ("{'a': 1, 'a': 2}.size() == 1", "repeated key"),
         ("dyn(quantity('1')).compareTo(semver('1.0.0')) == 0", "no matching overload for 'compareTo'"),
     ],
@@ -184,9 +184,9 @@ def test_runtime_errors(expr: str, message: str) -> None:
         ("foo == 1", "undeclared reference to 'foo'"),
         ("'a'.nosuchfn()", "undeclared reference to 'nosuchfn'"),
         ("'a'.contains()", "found no matching overload for 'contains'"),
-        ("1 && true", "found no matching overload for '_&&_'"),
+        ("1 && true", "expected type 'bool' but found 'int'"),
         ("1 +", "Syntax error"),
-        ("'abc'.matches('(')", "invalid regular expression"),
+        ("'abc'.matches('(')", "invalid matches argument"),
         ("has(1)", "invalid argument to has() macro"),
         ("[1].all(1, true)", "argument must be a simple name"),
         ("if == 1", "reserved identifier"),

@@ -75,3 +75,34 @@ class Bind(Node):
     var: str
     init: Node
     body: Node
+
+
+def children(n: Node) -> list[Node]:
+    if isinstance(n, Select):
+        return [n.operand]
+    if isinstance(n, Index):
+        return [n.operand, n.index]
+    if isinstance(n, Call):
+        return [*([n.target] if n.target is not None else []), *n.args]
+    if isinstance(n, ListLit):
+        return list(n.elements)
+    if isinstance(n, MapLit):
+        return [x for k, v, _ in n.entries for x in (k, v)]
+    if isinstance(n, Has):
+        return [n.select.operand]
+    if isinstance(n, Comprehension):
+        return [n.target, n.body, *([n.transform] if n.transform is not None else [])]
+    if isinstance(n, Bind):
+        return [n.init, n.body]
+    return []
+
+
+def walk(node: Node) -> list[Node]:
+    """Every node, parents before children."""
+    out: list[Node] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(reversed(children(n)))
+    return out

@@ -21,6 +21,20 @@ from dra_driver.cel.errors import CostLimitExceeded
 MAX_COST: Final = 1_000_000  # resourceapi.CELSelectorExpressionMaxCost
 LIST_CREATE: Final = 10
 MAP_CREATE: Final = 30
+# Per-element cost of cel-go's macro expansions as its runtime tracker sees them (reading `accu` costs 1, a call 1,
+# a list literal 10): all/exists run `@not_strictly_false(accu)` then `accu && pred`; map/filter append with
+# `accu + [x]`; transformMap inserts with `cel.@mapInsert(accu, k, v)`.
+QUANTIFIER_STEP: Final = 3
+APPEND_STEP: Final = 12
+INSERT_STEP: Final = 3
+SKIP_STEP: Final = 0  # the ternary's untaken `accu` branch is not charged
+
+
+def self_compare(items: list[Any]) -> int:
+    """ext.Lists' cost of sort/distinct/sortBy (trackListSelfCompare): 2 per pair, 2.1 for strings or bytes,
+    plus the call and the new list (the interpreter charges the call)."""
+    factor = 2.1 if items and isinstance(items[0], str | bytes) else 2.0
+    return int(len(items) * len(items) * factor) + LIST_CREATE
 
 
 class Activation:

@@ -14,6 +14,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from dra_driver.cel.errors import CelRuntimeError, EvalError
+from dra_driver.cel.features import active
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import parse_semver
 from dra_driver.cel.values import Device, DomainMap
@@ -69,14 +70,17 @@ class CelDevice(BaseModel):
         return _convert(self)
 
 
-def _attribute_value(name: str, attr: dict[str, Any]) -> tuple[Any, tuple[str, Any]]:
-    present = [kind for kind in ATTRIBUTE_KINDS if kind in attr]
-    if len(present) != 1:
-        raise CelRuntimeError(f"attribute {name}: exactly one value must be specified")
+def _attribute_value(name: str, attr: dict[str, Any], lists: bool) -> tuple[Any, tuple[str, Any]]:
+    """compile.go's getAttributeValue: the first value field set, in its order (lists first, only when the
+    DRAListTypeAttributes gate is on); none usable is "unsupported attribute value"."""
+    kinds = ATTRIBUTE_KINDS[4:] + ATTRIBUTE_KINDS[:4] if lists else ATTRIBUTE_KINDS[:4]
+    present = [kind for kind in kinds if attr.get(kind) is not None]
+    if not present:
+        raise CelRuntimeError(f"attribute {name}: unsupported attribute value")
     kind = present[0]
     raw = attr[kind]
     if kind.endswith("s"):  # 1.36+ list attributes (DRAListTypeAttributes) become CEL lists
-        items = [_attribute_value(name, {kind[:-1]: item})[0] for item in raw]
+        items = [_attribute_value(name, {kind[:-1]: item}, False)[0] for item in raw]
         return items, (kind, tuple(raw))
     if kind == "version":
         try:
@@ -92,9 +96,10 @@ def _attribute_value(name: str, attr: dict[str, Any]) -> tuple[Any, tuple[str, A
 def _convert(dev: CelDevice) -> tuple[Device, dict[str, dict[str, dict[str, Any]]]]:
     attributes, capacity = DomainMap(), DomainMap()
     raw: dict[str, dict[str, dict[str, Any]]] = {"attributes": {}, "capacity": {}}
+    lists = active().list_type_attributes
     for name, attr in dev.attributes.items():
         domain, ident = split_name(name, dev.driver)
-        value, raw_value = _attribute_value(name, attr)
+        value, raw_value = _attribute_value(name, attr, lists)
         attributes.setdefault(domain, {})[ident] = value
         raw["attributes"].setdefault(domain, {})[ident] = raw_value
     for name, text in dev.capacity.items():

@@ -36,7 +36,18 @@ from dra_driver.cel.types import (
     map_of,
     optional_of,
 )
-from dra_driver.cel.values import NONE, CelType, Device, DomainMap, Optional, UInt, is_missing, map_get, type_name
+from dra_driver.cel.values import (
+    NONE,
+    CelType,
+    Device,
+    DomainMap,
+    Optional,
+    UInt,
+    cel_equal,
+    is_missing,
+    map_get,
+    type_name,
+)
 
 Fn = Callable[[Activation], Any]
 VARIABLES: Final = {"device": DEVICE}
@@ -79,7 +90,8 @@ class Compiler:
 
         def ident(a: Activation) -> Any:
             a.cost += 1
-            return a.vars[name]
+            value = a.vars[name]
+            return value.get(a) if type(value) is _Lazy else value
 
         return ident, scope[name]
 
@@ -151,6 +163,8 @@ class Compiler:
         def has(a: Activation) -> bool:
             a.cost += 1
             value = operand(a)
+            if isinstance(value, DomainMap):
+                return True  # compile.go's map Find() reports every domain present (an empty default)
             if isinstance(value, dict):
                 return not is_missing(map_get(value, field))
             if isinstance(value, Device):
@@ -171,7 +185,7 @@ class Compiler:
                 a.charge(cost.LIST_CREATE)
                 return [fn(a) for fn in fns]
 
-            return make_list, list_of(elem)
+            return _prebuilt(node, make_list), list_of(elem)
         flags = node.optional
 
         def make_opt_list(a: Activation) -> list[Any]:
@@ -221,17 +235,20 @@ class Compiler:
                 out[key] = value
             return out
 
-        return make_map, map_of(key_t, val_t)
+        return _prebuilt(node, make_map), map_of(key_t, val_t)
 
     # -- macros --------------------------------------------------------------------------------------------------
     def _bind(self, node: ast.Bind, scope: dict[str, T]) -> tuple[Fn, T]:
         init, itype = self.compile(node.init, scope)
         body, btype = self.compile(node.body, {**scope, node.var: itype})
         var = node.var
+        # cel-go evaluates a bind's value on first use (an error or cost in an unused one never happens). The value
+        # must see the variables of the bind: snapshot them only when the body rebinds a name the value reads.
+        snapshot = bool(_free_names(node.init) & _bound_names(node.body))
 
         def bind(a: Activation) -> Any:
             saved = a.vars.get(var, _UNSET)
-            a.vars[var] = init(a)
+            a.vars[var] = _Lazy(init, dict(a.vars) if snapshot else None)
             try:
                 return body(a)
             finally:
@@ -268,6 +285,7 @@ class Compiler:
             "map": list_of(ttype2 if transform else btype),
             "transformList": list_of(ttype2),
             "transformMap": map_of(vtypes[0], ttype2),
+            "transformMapEntry": ttype2 if ttype2.kind == "map" else map_of(DYN, DYN),
         }[macro]
         run = _MACROS[macro]
 
@@ -348,6 +366,8 @@ class Compiler:
             except EvalError as err:
                 raise self.fail(node.args[-1], err.message) from None
         impl = overload.impl
+        if name == "@in" and _is_set_literal(node.args[1]):
+            return self._set_membership(fns[0], node.args[1]), rtype
         if name in FOLDABLE and target is None and all(isinstance(arg, ast.Const) for arg in node.args):
             try:
                 folded = impl(cost.Activation({}), *[arg.value for arg in node.args if isinstance(arg, ast.Const)])
@@ -382,6 +402,18 @@ class Compiler:
             return impl(a, *[fn(a) for fn in fns])
 
         return call, rtype
+
+    @staticmethod
+    def _set_membership(element: Fn, literal: ast.Node) -> Fn:
+        """cel-go's set-membership optimisation: `x in [constants]` becomes a lookup that costs nothing."""
+        assert isinstance(literal, ast.ListLit)
+        items = [e.value for e in literal.elements if isinstance(e, ast.Const)]
+
+        def member(a: Activation) -> bool:
+            value = element(a)
+            return any(cel_equal(value, item) for item in items)
+
+        return member
 
     def _static_type(self, node: ast.Call, name: str, types: list[T], ret: T) -> T:
         """Operator checks where both operand types are known, mirroring cel-go's overload resolution."""
@@ -498,6 +530,73 @@ class Compiler:
 
 
 # -- runtime helpers ----------------------------------------------------------------------------------------------
+def _prebuilt(node: ast.ListLit | ast.MapLit, make: Fn) -> Fn:
+    """A literal of constants is built once, at no runtime cost, as cel-go's OptOptimize does (values are never
+    mutated in place); one whose construction fails stays dynamic so that it fails at evaluation."""
+    if not all(_is_constant(child) for child in ast.children(node)):
+        return make
+    try:
+        value = make(Activation({}))
+    except EvalError:
+        return make
+    return lambda a: value
+
+
+def _is_set_literal(node: ast.Node) -> bool:
+    """A constant list of scalars, which cel-go turns into a set."""
+    return (
+        isinstance(node, ast.ListLit)
+        and not any(node.optional)
+        and all(isinstance(e, ast.Const) and type(e.value) in (int, UInt, float, str, bool) for e in node.elements)
+    )
+
+
+def _is_constant(node: ast.Node) -> bool:
+    if isinstance(node, ast.Const):
+        return True
+    if isinstance(node, ast.ListLit):
+        return not any(node.optional) and all(_is_constant(e) for e in node.elements)
+    if isinstance(node, ast.MapLit):
+        return all(not opt and _is_constant(k) and _is_constant(v) for k, v, opt in node.entries)
+    return False
+
+
+class _Lazy:
+    """A `cel.bind` value computed on first read, then kept; it sees the variables of the bind (`scope`, when the
+    body could have rebound one it reads), not of the read."""
+
+    __slots__ = ("fn", "scope", "value")
+
+    def __init__(self, fn: Fn, scope: dict[str, Any] | None) -> None:
+        self.fn, self.scope, self.value = fn, scope, _UNSET
+
+    def get(self, a: Activation) -> Any:
+        if self.value is _UNSET:
+            if self.scope is None:
+                self.value = self.fn(a)
+                return self.value
+            current, a.vars = a.vars, self.scope
+            try:
+                self.value = self.fn(a)
+            finally:
+                a.vars = current
+        return self.value
+
+
+def _free_names(node: ast.Node) -> set[str]:
+    return {n.name for n in ast.walk(node) if isinstance(n, ast.Ident)}
+
+
+def _bound_names(node: ast.Node) -> set[str]:
+    names: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Comprehension):
+            names.update(v for v in (n.var, n.var2) if v is not None)
+        elif isinstance(n, ast.Bind):
+            names.add(n.var)
+    return names
+
+
 def _restore(a: Activation, var: str, saved: Any) -> None:
     if saved is _UNSET:
         a.vars.pop(var, None)
@@ -524,7 +623,7 @@ def _get(container: Any, key: Any, is_field: bool) -> Any:
             raise no_overload("_[_]", container, key)
         i = int(key)
         if not 0 <= i < len(container):
-            raise EvalError(f"index out of range: {i}")
+            raise EvalError(f"index out of bounds: {i}")  # cel-go's list wording (strings say "range")
         return container[i]
     if isinstance(container, Optional):
         return _optional_get(container, key, is_field)
@@ -544,6 +643,8 @@ def _optional_get(container: Any, key: Any, is_field: bool) -> Optional:
         container = container.value
     if isinstance(container, dict):
         value = map_get(container, key)
+        if is_missing(value) and isinstance(container, DomainMap):
+            return Optional(True, {})  # Find() with a default: an unknown domain is present and empty
         return NONE if is_missing(value) else Optional(True, value)
     if isinstance(container, list) and not is_field:
         if type(key) is int and 0 <= key < len(container):
@@ -560,14 +661,15 @@ def _set(a: Activation, var: str, var2: str | None, first: Any, second: Any) -> 
         a.vars[var2] = second
 
 
-def _quantifier(decisive: bool, name: str) -> Callable[..., bool]:
+def _quantifier(decisive: bool, name: str, step: int) -> Callable[..., bool]:
     """`all` (decisive False) and `exists` (decisive True): the first element giving the decisive value ends the
     loop; an error (or a non-bool) counts only when no element decides, as CEL's error absorption requires."""
 
     def run(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
         error: EvalError | None = None
+        a.cost += 1  # the result reads `accu`
         for first, second in pairs:
-            a.charge(1)
+            a.charge(step)
             _set(a, var, var2, first, second)
             try:
                 value = body(a)
@@ -587,18 +689,18 @@ def _quantifier(decisive: bool, name: str) -> Callable[..., bool]:
     return run
 
 
-_run_all = _quantifier(False, "all")
-_run_exists = _quantifier(True, "exists")
+_run_all = _quantifier(False, "all", cost.QUANTIFIER_STEP)
+_run_exists = _quantifier(True, "exists", cost.QUANTIFIER_STEP + 1)  # its condition negates: !accu
 
 
 def _run_exists_one(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
     count = 0
     for first, second in pairs:
-        a.charge(1)
         _set(a, var, var2, first, second)
         value = body(a)
         if type(value) is not bool:
             raise no_overload("exists_one", value)
+        a.charge(1 + value)  # `pred ? accu + 1 : accu`
         count += value
     return count == 1
 
@@ -611,59 +713,95 @@ def _predicate(value: Any, macro: str) -> bool:
 
 def _run_map(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, transform: Fn | None) -> list[Any]:
     out: list[Any] = []
+    a.charge(1)  # the result reads `accu` (its initial `[]` is a prebuilt constant)
     for first, second in pairs:
-        a.charge(1)
         _set(a, var, var2, first, second)
         if transform is None:
             out.append(body(a))
         elif _predicate(body(a), "map"):
             out.append(transform(a))
+        else:
+            a.charge(cost.SKIP_STEP)
+            continue
+        a.charge(cost.APPEND_STEP)
     return out
 
 
 def _run_filter(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> list[Any]:
     out: list[Any] = []
+    a.charge(1)
     for first, second in pairs:
-        a.charge(1)
         _set(a, var, var2, first, second)
         if _predicate(body(a), "filter"):
+            a.charge(cost.APPEND_STEP + 1)  # `accu + [x]` reads x again
             out.append(second)
+        else:
+            a.charge(cost.SKIP_STEP)
     return out
 
 
 def _run_transform_list(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> list[Any]:
     assert t is not None
     out: list[Any] = []
+    a.charge(1)
     for first, second in pairs:
-        a.charge(1)
         _set(a, var, var2, first, second)
         if _predicate(body(a), "transformList"):
             out.append(t(a))
+            a.charge(cost.APPEND_STEP)
+        else:
+            a.charge(cost.SKIP_STEP)
     return out
 
 
 def _run_transform_map(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> Any:
     assert t is not None
     out: dict[Any, Any] = {}
+    a.charge(1)
     for first, second in pairs:
-        a.charge(1)
         _set(a, var, var2, first, second)
         if _predicate(body(a), "transformMap"):
             out[first] = t(a)
+            a.charge(cost.INSERT_STEP)
+        else:
+            a.charge(cost.SKIP_STEP)
     return out
 
 
 def _run_sort_by(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> list[Any]:
     keyed: list[tuple[Any, Any]] = []
+    # `cel.bind(in, list, @sortByAssociatedKeys(in, in.map(x, key)))`: two reads of `in`, the map's result
+    a.charge(3)
     for first, second in pairs:
-        a.charge(1)
+        a.charge(cost.APPEND_STEP)
         _set(a, var, var2, first, second)
         keyed.append((body(a), second))
+    a.charge(cost.self_compare([k for k, _ in keyed]) + 1)
     kinds = {type(k) for k, _ in keyed}
     if len(kinds) > 1 and not all(isinstance(k, int | float) and not isinstance(k, bool) for k, _ in keyed):
         raise EvalError("sortBy: keys must have the same comparable type")
     keyed.sort(key=lambda kv: kv[0])
     return [v for _, v in keyed]
+
+
+def _run_transform_map_entry(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> Any:
+    assert t is not None
+    out: dict[Any, Any] = {}
+    a.charge(1)
+    for first, second in pairs:
+        _set(a, var, var2, first, second)
+        if not _predicate(body(a), "transformMapEntry"):
+            a.charge(cost.SKIP_STEP)
+            continue
+        a.charge(cost.INSERT_STEP)
+        entry = t(a)
+        if not isinstance(entry, dict):
+            raise no_overload("cel.@mapInsert", out, entry)
+        for key, value in entry.items():
+            if not is_missing(map_get(out, key)):
+                raise EvalError(f"insert failed: key {_show_key(key)} already exists")
+            out[key] = value
+    return out
 
 
 _MACROS: Final[dict[str, Callable[..., Any]]] = {
@@ -674,5 +812,6 @@ _MACROS: Final[dict[str, Callable[..., Any]]] = {
     "filter": _run_filter,
     "transformList": _run_transform_list,
     "transformMap": _run_transform_map,
+    "transformMapEntry": _run_transform_map_entry,
     "sortBy": _run_sort_by,
 }

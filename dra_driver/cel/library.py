@@ -11,13 +11,13 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Final
 
 from dra_driver.cel import cost
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.quantity import Quantity, QuantityError, parse_quantity
+from dra_driver.cel.regex import RegexError, compile_go_regex
 from dra_driver.cel.semver import Semver, parse_semver
 from dra_driver.cel.types import (
     BOOL,
@@ -45,11 +45,6 @@ from dra_driver.cel.values import (
     map_get,
     type_name,
 )
-
-try:  # RE2 semantics, as cel-go; google-re2 comes with cel-python, a project dependency.
-    import re2 as _re  # type: ignore[import-untyped]
-except ImportError:  # pragma: no cover - fallback keeps the package importable
-    import re as _re
 
 Impl = Callable[..., Any]
 INT64_MIN: Final = -(2**63)
@@ -169,6 +164,8 @@ def _mod(act: Activation, a: Any, b: Any) -> Any:
     if ta is type(b) and (ta is int or ta is UInt):
         if b == 0:
             raise EvalError("modulus by zero")
+        if a == INT64_MIN and b == -1 and ta is int:
+            raise EvalError("integer overflow")
         r = a - b * _trunc_div(a, b)  # Go semantics: the sign follows the dividend
         return r if ta is int else UInt(r)
     raise no_overload("_%_", a, b)
@@ -193,7 +190,7 @@ def _ordered(name: str, act: Activation, a: Any, b: Any) -> int:
     elif not (ta is tb and ta is bool):
         raise no_overload(name, a, b)
     if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
-        return 2  # NaN: every ordering is false
+        raise EvalError("NaN values cannot be ordered")
     return int((a > b) - (a < b))
 
 
@@ -219,9 +216,9 @@ def _ge(act: Activation, a: Any, b: Any) -> bool:
 
 @register("_==_", False, 2, BOOL)
 def _eq(act: Activation, a: Any, b: Any) -> bool:
+    """cel-go charges equality as one call, whatever the operands' sizes."""
     if type(a) is str and type(b) is str:
         return a == b
-    act.charge(cost.traversal(min(cost.size_of(a), cost.size_of(b))))
     return cel_equal(a, b)
 
 
@@ -233,7 +230,7 @@ def _ne(act: Activation, a: Any, b: Any) -> bool:
 @register("@in", False, 2, BOOL)
 def _in(act: Activation, a: Any, b: Any) -> bool:
     if isinstance(b, list):
-        act.charge(cost.traversal(len(b)))
+        act.charge(max(len(b) - 1, 0))  # cel-go: O(n), one per element (the call's 1 is already charged)
         return any(cel_equal(a, item) for item in b)
     if isinstance(b, dict):
         return not is_missing(map_get(b, a))
@@ -277,13 +274,11 @@ def _ends(act: Activation, s: Any, suffix: Any) -> bool:
     return bool(s.endswith(suffix))
 
 
-@lru_cache(maxsize=512)
 def compile_regex(pattern: str) -> Any:
-    """RE2 programs are cached: selectors reuse a handful of patterns across many devices."""
     try:
-        return _re.compile(pattern)
-    except Exception as err:  # re2.error / re.error
-        raise EvalError(f"invalid regular expression {pattern!r}: {err}") from None
+        return compile_go_regex(pattern)
+    except RegexError as err:
+        raise EvalError(str(err)) from None
 
 
 def _matches(act: Activation, s: Any, pattern: Any) -> bool:
@@ -304,13 +299,13 @@ def _to_int(act: Activation, a: Any) -> int:
         return _check_int(int(a))
     if isinstance(a, float):
         if math.isnan(a) or not -(2.0**63) < a < 2.0**63:
-            raise EvalError("double is out of range of int")
+            raise EvalError("integer overflow")
         return int(a)
     if isinstance(a, str):
         try:
             return _check_int(int(a, 10))
         except ValueError:
-            raise EvalError(f"cannot convert string {a!r} to int") from None
+            raise EvalError("type conversion error from 'string' to 'int'") from None
     raise no_overload("int", a)
 
 
@@ -322,13 +317,13 @@ def _to_uint(act: Activation, a: Any) -> UInt:
         return _check_uint(int(a))
     if isinstance(a, float):
         if math.isnan(a) or not -1 < a < 2.0**64:
-            raise EvalError("double is out of range of uint")
+            raise EvalError("unsigned integer overflow")
         return UInt(int(a))
     if isinstance(a, str):
         try:
             return _check_uint(int(a, 10))
         except ValueError:
-            raise EvalError(f"cannot convert string {a!r} to uint") from None
+            raise EvalError("type conversion error from 'string' to 'uint'") from None
     raise no_overload("uint", a)
 
 
@@ -458,6 +453,16 @@ def _or(act: Activation, o: Any, other: Any) -> Any:
     return opt if opt.has_value else other
 
 
+def _unwrap(act: Activation, items: Any) -> list[Any]:
+    if not isinstance(items, list) or not all(isinstance(x, Optional) for x in items):
+        raise no_overload("optional.unwrap", items)
+    return [x.value for x in items if x.has_value]
+
+
+register("optional.unwrap", False, 1)(_unwrap)
+register("unwrapOpt", True, 1)(_unwrap)
+
+
 # -- ext.Strings (version 2) --------------------------------------------------------------------------------------
 @register("charAt", True, 2, STRING)
 def _char_at(act: Activation, s: Any, i: Any) -> str:
@@ -478,8 +483,12 @@ def _index_of(name: str, act: Activation, s: Any, sub: Any, offset: Any, last: b
     act.charge(cost.traversal(len(s)))
     if offset is None:
         return s.rfind(sub) if last else s.find(sub)
-    if not 0 <= offset < max(len(s), 1):
+    if sub == "":
+        return int(offset)  # ext.Strings returns the offset itself, unchecked
+    if offset < 0:
         raise EvalError(f"index out of range: {offset}")
+    if offset >= len(s):
+        return -1  # past the end is "not found", not an error
     return s.rfind(sub, 0, offset + len(sub)) if last else s.find(sub, offset)
 
 
@@ -641,14 +650,27 @@ def _format_verb(act: Activation, verb: str, arg: Any, precision: int | None) ->
         return str(_to_string(act, arg))
     if verb == "d" and isinstance(arg, int) and not isinstance(arg, bool):
         return str(int(arg))
-    if verb in "fe" and is_number(arg):
-        return f"{float(arg):.{6 if precision is None else precision}{verb}}"
+    if verb == "f" and is_number(arg):  # golang.org/x/text's en_US printer: thousands separators
+        return f"{float(arg):,.{6 if precision is None else precision}f}"
+    if verb == "e" and is_number(arg):
+        return _scientific(float(arg))
     if verb in "xXob" and isinstance(arg, int | str | bytes) and not isinstance(arg, bool):
         if isinstance(arg, int):
             return format(int(arg), verb)
         data = arg.encode() if isinstance(arg, str) else arg
         return data.hex() if verb == "x" else data.hex().upper()
     raise EvalError(f"error during formatting: unrecognized formatting clause or argument for verb %{verb}")
+
+
+_SUPERSCRIPT: Final = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def _scientific(value: float) -> str:
+    """cel-go builds `%6e` (a width, not a precision: always 6 decimals) and prints it through x/text, which
+    writes the exponent as a multiplication sign, 10 and superscript digits (1234.5 gives 1.234500, then x10^03)."""
+    mantissa, exponent = f"{value:.6e}".split("e")
+    exp = int(exponent)
+    return f"{mantissa}\u00d710" + f"{'-' if exp < 0 else ''}{abs(exp):02d}".translate(_SUPERSCRIPT)
 
 
 # -- k8s Regex library --------------------------------------------------------------------------------------------
@@ -690,6 +712,7 @@ def _slice(act: Activation, items: Any, start: Any, end: Any) -> list[Any]:
         raise EvalError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
     if end > len(seq):
         raise EvalError(f"cannot slice({start}, {end}), list is length {len(seq)}")
+    act.charge(end - start + cost.LIST_CREATE)  # trackListOutputSize
     return seq[start:end]
 
 
@@ -699,13 +722,17 @@ def _flatten(act: Activation, items: Any, depth: Any = 1) -> list[Any]:
         raise no_overload("flatten", items, depth)
     if depth < 0:
         raise EvalError("level must be non-negative")
+    act.charge(depth * len(seq) + cost.LIST_CREATE)  # trackListFlatten, once for the whole call
+    return _flat(seq, depth)
+
+
+def _flat(seq: list[Any], depth: int) -> list[Any]:
     out: list[Any] = []
     for item in seq:
         if isinstance(item, list) and depth > 0:
-            out.extend(_flatten(act, item, depth - 1))
+            out.extend(_flat(item, depth - 1))
         else:
             out.append(item)
-    act.charge(cost.traversal(len(out)))
     return out
 
 
@@ -717,14 +744,14 @@ register("flatten", True, 2)(_flatten)
 def _range(act: Activation, n: Any) -> list[int]:
     if type(n) is not int:
         raise no_overload("lists.range", n)
-    act.charge(cost.traversal(max(n, 0)))
+    act.charge(max(n, 0) + cost.LIST_CREATE)  # trackListOutputSize, charged before building the list
     return list(range(n))
 
 
 @register("distinct", True, 1)
 def _distinct(act: Activation, items: Any) -> list[Any]:
     seq = _list("distinct", items)
-    act.charge(len(seq))
+    act.charge(cost.self_compare(seq))
     out: list[Any] = []
     for item in seq:
         if not any(cel_equal(item, seen) for seen in out):
@@ -734,7 +761,9 @@ def _distinct(act: Activation, items: Any) -> list[Any]:
 
 @register("reverse", True, 1)
 def _reverse(act: Activation, items: Any) -> list[Any]:
-    return list(reversed(_list("reverse", items)))
+    seq = _list("reverse", items)
+    act.charge(len(seq) + cost.LIST_CREATE)
+    return list(reversed(seq))
 
 
 def _sort_key_check(name: str, seq: list[Any]) -> None:
@@ -748,7 +777,7 @@ def _sort_key_check(name: str, seq: list[Any]) -> None:
 def _sort(act: Activation, items: Any) -> list[Any]:
     seq = _list("sort", items)
     _sort_key_check("sort", seq)
-    act.charge(cost.traversal(len(seq) * max(1, len(seq).bit_length())))
+    act.charge(cost.self_compare(seq))
     return sorted(seq)
 
 
@@ -787,7 +816,7 @@ def _sum(act: Activation, items: Any) -> Any:
 def _extreme(name: str, act: Activation, items: Any, want: int) -> Any:
     seq = _list(name, items)
     if not seq:
-        raise EvalError(f"{name}: list must not be empty")
+        raise EvalError(f"{name} called on empty list")
     act.charge(cost.traversal(len(seq)))
     best = seq[0]
     for item in seq[1:]:
@@ -821,7 +850,7 @@ def _includes(act: Activation, attr: Any, value: Any) -> bool:
 def _sets(name: str, act: Activation, a: Any, b: Any) -> tuple[list[Any], list[Any]]:
     if not isinstance(a, list) or not isinstance(b, list):
         raise no_overload(name, a, b)
-    act.charge(cost.traversal(len(a) * max(len(b), 1)))
+    act.charge(len(a) * len(b))  # ext.Sets' trackSetsCost: one per pair (equivalent checks both ways)
     return a, b
 
 
@@ -923,7 +952,7 @@ def _qty(name: str, *args: Any) -> Quantity:
     return args[0]
 
 
-@register("sign", True, 1, INT)
+@register("sign", False, 1, INT)  # a global function in Kubernetes' quantity library: `sign(q)`
 def _sign(act: Activation, q: Any) -> int:
     return _qty("sign", q).sign()
 

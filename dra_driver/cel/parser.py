@@ -17,7 +17,7 @@ _TOKEN_RE: Final = re.compile(
     r"""
     (?P<ws>[ \t\r\n\f]+|//[^\n]*)
   | (?P<float>(?:[0-9]+\.[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+|\.[0-9]+(?:[eE][+-]?[0-9]+)?))
-  | (?P<hex>0[xX][0-9a-fA-F]+[uU]?)
+  | (?P<hex>0x[0-9a-fA-F]+[uU]?)  # cel-go's lexer: lower-case 0x only
   | (?P<int>[0-9]+[uU]?)
   | (?P<string>[rR]?[bB]?[rR]?
         (?:\"\"\"(?:\\.|[^\\])*?\"\"\"|'''(?:\\.|[^\\])*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
@@ -53,6 +53,7 @@ _ESCAPES: Final = {
     "\\": "\\", "'": "'", '"': '"', "`": "`", "?": "?",
 }  # fmt: skip
 _INT64_MAX: Final = 2**63 - 1
+MAX_RECURSION_DEPTH: Final = 250  # cel-go's parser default
 _UINT64_MAX: Final = 2**64 - 1
 
 
@@ -110,6 +111,8 @@ def _unescape(body: str, raw: bool, as_bytes: bool) -> str | bytes:
             chunks.append(bytes([code]) if as_bytes else chr(code).encode())
             i += 4
         elif nxt in "uU":
+            if as_bytes:
+                raise ValueError("unicode escape in a bytes literal")
             width = 4 if nxt == "u" else 8
             chunks.append(chr(int(body[i + 2 : i + 2 + width], 16)).encode())
             i += 2 + width
@@ -128,6 +131,7 @@ class Parser:
         self.source = source
         self.tokens = _tokenize(source)
         self.i = 0
+        self.expr_depth = 0
 
     # -- token helpers -------------------------------------------------------------------------------------------
     def _peek(self) -> Token:
@@ -161,17 +165,27 @@ class Parser:
         tok = self._peek()
         if tok.kind != "eof":
             self._fail(tok, f"Syntax error: extraneous input '{tok.text}' expecting <EOF>")
+        if visitor_depth(node) > MAX_RECURSION_DEPTH:
+            raise CelCompileError("ERROR: <input>:-1:0: max recursion depth exceeded")
         return node
 
     def _expr(self) -> ast.Node:
-        cond = self._or()
-        tok = self._peek()
-        if self._accept("?"):
-            then = self._or()
-            self._expect(":")
-            other = self._expr()
-            return ast.Call(tok.pos, "_?_:_", (cond, then, other))
-        return cond
+        # ANTLR's own listener limits each grammar rule's nesting; `expr` (parentheses, arguments) is the one
+        # that a real expression reaches.
+        self.expr_depth += 1
+        if self.expr_depth > MAX_RECURSION_DEPTH:
+            raise CelCompileError(f"ERROR: <input>:-1:0: expression recursion limit exceeded: {MAX_RECURSION_DEPTH}")
+        try:
+            cond = self._or()
+            tok = self._peek()
+            if self._accept("?"):
+                then = self._or()
+                self._expect(":")
+                other = self._expr()
+                return ast.Call(tok.pos, "_?_:_", (cond, then, other))
+            return cond
+        finally:
+            self.expr_depth -= 1
 
     def _or(self) -> ast.Node:
         node = self._and()
@@ -233,11 +247,12 @@ class Parser:
             if tok.text in (".", ".?"):
                 self.i += 1
                 name = self._ident()
-                if tok.text == "." and self._peek().text == "(" and self._peek().kind == "op":
+                paren = self._peek()
+                if tok.text == "." and paren.text == "(" and paren.kind == "op":
                     self.i += 1
-                    node = self._call(name.text, self._args(")"), node, name.pos)
+                    node = self._call(name.text, self._args(")"), node, paren.pos)  # cel-go: a call is at '('
                 else:
-                    node = ast.Select(name.pos, node, name.text, optional=tok.text == ".?")
+                    node = ast.Select(tok.pos, node, name.text, optional=tok.text == ".?")
             elif tok.text in ("[", "[?"):
                 self.i += 1
                 index = self._expr()
@@ -280,9 +295,10 @@ class Parser:
                 self.i += 1
                 return ast.Const(tok.pos, None)
             name = self._ident()
-            if self._peek().kind == "op" and self._peek().text == "(":
+            paren = self._peek()
+            if paren.kind == "op" and paren.text == "(":
                 self.i += 1
-                return self._call(name.text, self._args(")"), None, name.pos)
+                return self._call(name.text, self._args(")"), None, paren.pos)
             return ast.Ident(name.pos, name.text)
         if tok.kind == "op":
             if tok.text == ".":  # leading dot: root-scoped identifier
@@ -296,20 +312,21 @@ class Parser:
                 node = self._expr()
                 self._expect(")")
                 return node
-            if tok.text == "[":
+            if tok.text in ("[", "[?"):  # `[?x, ...]`: the lexer took the first optional marker with the bracket
                 self.i += 1
-                return self._list(tok)
+                return self._list(tok, first_optional=tok.text == "[?")
             if tok.text == "{":
                 self.i += 1
                 return self._map(tok)
         self._fail(tok, f"Syntax error: mismatched input '{tok.text or '<EOF>'}' expecting an expression")
         raise AssertionError("unreachable")
 
-    def _list(self, start: Token) -> ast.Node:
+    def _list(self, start: Token, first_optional: bool = False) -> ast.Node:
         elements: list[ast.Node] = []
         optional: list[bool] = []
-        while not self._accept("]"):
-            optional.append(self._accept("?"))
+        while first_optional or not self._accept("]"):
+            optional.append(first_optional or self._accept("?"))
+            first_optional = False
             elements.append(self._expr())
             if not self._accept(","):
                 self._expect("]")
@@ -356,7 +373,7 @@ class Parser:
         try:
             return _unescape(body, "r" in prefix, "b" in prefix)
         except (ValueError, IndexError) as err:
-            self._fail(tok, f"Syntax error: {err}")
+            self._fail(tok, "unable to unescape string")  # cel-go's wording, whatever the bad escape
             raise AssertionError("unreachable") from err
 
     # -- macros --------------------------------------------------------------------------------------------------
@@ -388,11 +405,33 @@ class Parser:
         if name in ("all", "exists", "exists_one", "existsOne") and n == 3:
             var, var2 = self._var(args[0]), self._var(args[1])
             return ast.Comprehension(pos, name.replace("existsOne", "exists_one"), target, var, var2, args[2])
-        if name in ("transformList", "transformMap") and n in (3, 4):
+        if name in ("transformList", "transformMap", "transformMapEntry") and n in (3, 4):
             var, var2 = self._var(args[0]), self._var(args[1])
             body, transform = (args[2], args[3]) if n == 4 else (ast.Const(pos, True), args[2])
             return ast.Comprehension(pos, name, target, var, var2, body, transform)
         return ast.Call(pos, name, tuple(args), target)
+
+
+_NESTING_OPS: Final = frozenset({"_?_:_", "_+_", "_-_", "_*_", "_/_", "_%_", *_RELATIONS.values()})
+
+
+def _nests(node: ast.Node) -> bool:
+    """What cel-go's visitor counts as a level: ternaries, relations, arithmetic, selections, member calls
+    (macros included) and indexing; not `&&`/`||` (balanced), negation, literals or global calls."""
+    if isinstance(node, ast.Call):
+        return node.target is not None or node.function in _NESTING_OPS
+    return isinstance(node, ast.Select | ast.Index | ast.Comprehension | ast.Bind)
+
+
+def visitor_depth(tree: ast.Node) -> int:
+    deepest = 0
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        depth += _nests(node)
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in ast.children(node))
+    return deepest
 
 
 def parse(source: str) -> ast.Node:

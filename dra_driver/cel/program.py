@@ -7,22 +7,33 @@ devices across a fleet of nodes are evaluated once; errors are memoised too, as 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
+from functools import cache
 from typing import Any, Final
 
 from dra_driver.cel import cost
+from dra_driver.cel.checker import CheckEnv, check, dra_env
 from dra_driver.cel.device import CelDevice
 from dra_driver.cel.errors import CelCompileError, CelRuntimeError, CostLimitExceeded, EvalError
+from dra_driver.cel.extlib import EXT_DECLS
+from dra_driver.cel.features import Features, active
+from dra_driver.cel.instantiate import instantiation_error
 from dra_driver.cel.interpreter import VARIABLES, Compiler, Fn
 from dra_driver.cel.keys import KeyPlan, plan_keys
 from dra_driver.cel.parser import parse
 from dra_driver.cel.types import BOOL, DYN
+from dra_driver.cel.typesys import ANY
 from dra_driver.cel.values import type_name
 
 MAX_EXPRESSION_LENGTH: Final = 10 * 1024  # resourceapi.CELSelectorExpressionMaxLength
 COMPILE_CACHE_SIZE: Final = 1024
 MEMO_SIZE: Final = 16384
+# cel-go accepts 250 nested levels; parsing, checking and compiling one takes ~10 Python frames per level.
+_RECURSION_LIMIT: Final = 6000
+if sys.getrecursionlimit() < _RECURSION_LIMIT:
+    sys.setrecursionlimit(_RECURSION_LIMIT)
 
 
 class Selector:
@@ -94,23 +105,26 @@ class Selector:
             self._memo.clear()
 
 
-_cache: OrderedDict[str, Selector | CelCompileError] = OrderedDict()
+_cache: OrderedDict[tuple[Features, str], Selector | CelCompileError] = OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 
 
 def compile_selector(expression: str) -> Selector:
-    """Compile (or fetch from the LRU) a DRA device selector; raises `CelCompileError`."""
+    """Compile (or fetch from the LRU) a DRA device selector for the configured feature gates, as the
+    kube-scheduler does (no length check: that is API validation, see `expression_length_error`);
+    raises `CelCompileError`."""
+    key = (active(), expression)
     with _cache_lock:
-        entry = _cache.get(expression)
+        entry = _cache.get(key)
         if entry is not None:
-            _cache.move_to_end(expression)
+            _cache.move_to_end(key)
             _stats["hits"] += 1
     if entry is None:
         _stats["misses"] += 1
-        entry = _compile(expression)
+        entry = _compile(expression, key[0])
         with _cache_lock:
-            _cache[expression] = entry
+            _cache[key] = entry
             if len(_cache) > COMPILE_CACHE_SIZE:
                 _cache.popitem(last=False)
     if isinstance(entry, CelCompileError):
@@ -128,17 +142,37 @@ def clear_cache() -> None:
         _stats.update(hits=0, misses=0)
 
 
-def _compile(expression: str) -> Selector | CelCompileError:
+def expression_length_error(expression: str) -> str | None:
+    """The API server's validation of a selector's length (the scheduler itself compiles any length)."""
     size = len(expression.encode("utf-8"))
     if size > MAX_EXPRESSION_LENGTH:
-        return CelCompileError(f"expression too long: {size} bytes, may not be more than {MAX_EXPRESSION_LENGTH}")
+        return f"expression too long: {size} bytes, may not be more than {MAX_EXPRESSION_LENGTH}"
+    return None
+
+
+@cache
+def _environment(features: Features) -> CheckEnv:
+    return dra_env(features.list_type_attributes, EXT_DECLS)
+
+
+def _compile(expression: str, features: Features) -> Selector | CelCompileError:
     try:
         tree = parse(expression)
-        fn, result_type = Compiler(expression).compile(tree, dict(VARIABLES))
+        result_type, _ = check(tree, expression, _environment(features))
     except CelCompileError as err:
         return CelCompileError(f"compilation failed: {err}")
     except RecursionError:
         return CelCompileError("compilation failed: expression nesting exceeds the supported depth")
-    if result_type not in (BOOL, DYN):
+    # compile.go accepts bool, the attribute type `any`, and `dyn` once attributes may be lists
+    if result_type not in (BOOL, ANY) and not (features.list_type_attributes and result_type == DYN):
         return CelCompileError(f"must evaluate to bool or the unknown type, not {result_type}")
+    failure = instantiation_error(tree)
+    if failure is not None:
+        return CelCompileError(f"program instantiation failed: {failure}")
+    try:
+        fn, _ = Compiler(expression).compile(tree, dict(VARIABLES))
+    except CelCompileError as err:
+        return CelCompileError(f"compilation failed: {err}")
+    except RecursionError:
+        return CelCompileError("compilation failed: expression nesting exceeds the supported depth")
     return Selector(expression, fn, plan_keys(tree))

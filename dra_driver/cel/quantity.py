@@ -16,6 +16,7 @@ from typing import Final
 from dra_driver.cel.errors import EvalError
 
 _QUANTITY_RE: Final = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+_BARE_SUFFIX_RE: Final = re.compile(r"^[+-]?([eEinumkKMGTP]+[-+]?[0-9]*)$")
 FORMAT_MESSAGE: Final = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 _DECIMAL: Final = {"": 0, "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
@@ -44,7 +45,11 @@ def parse_quantity(text: str) -> Fraction:
     """The exact value of a quantity string, or `QuantityError`."""
     match = _QUANTITY_RE.match(text)
     if match is None:
-        raise QuantityError(FORMAT_MESSAGE)
+        bare = _BARE_SUFFIX_RE.match(text)
+        if bare is None:
+            raise QuantityError(FORMAT_MESSAGE)
+        _multiplier(bare.group(1))  # apimachinery reads a bare suffix ("Gi") as zero, if the suffix is valid
+        return Fraction(0)
     number, suffix = match.group(1), match.group(2)
     digits = number.lstrip("+-")
     # The regex lets "1.2.3" or "." through; apimachinery rejects them while scanning digits.
@@ -60,14 +65,41 @@ def parse_quantity(text: str) -> Fraction:
     return -value if negative else value
 
 
+def int64_scale(text: str) -> int | None:
+    """The scale of apimachinery's int64Amount representation of a parsed quantity, or None when ParseQuantity
+    falls back to inf.Dec (too many digits, large binary suffixes, fractions of binary suffixes...)."""
+    match = _QUANTITY_RE.match(text)
+    if match is None:
+        return 0  # a bare suffix: zero
+    number, suffix = match.group(1).lstrip("+-"), match.group(2)
+    whole, _, denom = number.partition(".")
+    num = whole.lstrip("0")
+    if suffix in _BINARY:
+        exponent = _BINARY[suffix]
+        precision = 15 - len(num) - int(exponent * 3 / 10) - 1 if not denom else -1
+        scale, mantissa = 0, 2**exponent
+    else:
+        exp = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
+        scale = int(exp.group(1)) if exp else _DECIMAL.get(suffix, 0)
+        precision, mantissa = 18 - len(num) - len(denom), 1
+    if precision < 0:
+        return None
+    scale -= len(denom)
+    if scale < -9 or abs(int((num + denom) or "0") * mantissa) > _INT64_MAX:
+        return None
+    return scale
+
+
 class Quantity:
-    """An immutable quantity; `text` keeps the source spelling for messages."""
+    """An immutable quantity; `text` keeps the source spelling for messages. `scale` mirrors apimachinery's
+    representation (int64Amount scale, None for inf.Dec), which decides AsInt64 and so isInteger/asInteger."""
 
-    __slots__ = ("text", "value")
+    __slots__ = ("scale", "text", "value")
 
-    def __init__(self, value: Fraction, text: str | None = None) -> None:
+    def __init__(self, value: Fraction, text: str | None = None, scale: int | None = 0) -> None:
         self.value = value
         self.text = text if text is not None else _format(value)
+        self.scale = scale
 
     @staticmethod
     def parse(text: str) -> Quantity:
@@ -92,7 +124,9 @@ class Quantity:
         return (self.value > 0) - (self.value < 0)
 
     def is_integer(self) -> bool:
-        """apimachinery AsInt64: an integral value that fits in int64."""
+        """apimachinery AsInt64: only an int64Amount with a non-negative scale (so "1000m" is not), in range."""
+        if self.scale is None or self.scale < 0:
+            return False
         return self.value.denominator == 1 and _INT64_MIN <= self.value.numerator <= _INT64_MAX
 
     def as_integer(self) -> int:
@@ -104,16 +138,26 @@ class Quantity:
         return float(self.value)
 
     def add(self, other: Quantity | int) -> Quantity:
-        return Quantity(self.value + (other.value if isinstance(other, Quantity) else other))
+        value = self.value + (other.value if isinstance(other, Quantity) else other)
+        return Quantity(value, scale=self._sum_scale(other, value))
 
     def sub(self, other: Quantity | int) -> Quantity:
-        return Quantity(self.value - (other.value if isinstance(other, Quantity) else other))
+        value = self.value - (other.value if isinstance(other, Quantity) else other)
+        return Quantity(value, scale=self._sum_scale(other, value))
+
+    def _sum_scale(self, other: Quantity | int, value: Fraction) -> int | None:
+        """int64Amount.Add aligns to the smaller scale and stays int64 unless it overflows (then inf.Dec)."""
+        other_scale = other.scale if isinstance(other, Quantity) else 0
+        if self.scale is None or other_scale is None:
+            return None
+        scale = min(self.scale, other_scale)
+        return scale if abs(value * Fraction(10) ** -scale) <= _INT64_MAX else None
 
 
 @lru_cache(maxsize=4096)
 def _parse_cached(text: str) -> Quantity:
     """Quantities are immutable, so one object per spelling can be shared (exceptions are not cached)."""
-    return Quantity(parse_quantity(text), text)
+    return Quantity(parse_quantity(text), text, int64_scale(text))
 
 
 def _format(value: Fraction) -> str:

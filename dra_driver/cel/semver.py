@@ -7,8 +7,10 @@ from functools import lru_cache
 from typing import Final
 
 from dra_driver.cel.errors import EvalError
+from dra_driver.cel.ext.table import go_quote
 
 _NUM: Final = r"(?:0|[1-9][0-9]*)"
+_UINT64_MAX: Final = 2**64 - 1
 _PRE_ID: Final = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
 _STRICT: Final = re.compile(
     rf"^({_NUM})\.({_NUM})\.({_NUM})(?:-({_PRE_ID}(?:\.{_PRE_ID})*))?(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$"
@@ -26,7 +28,10 @@ class Semver:
         source = _normalize(text) if normalize else text
         match = _STRICT.match(source)
         if match is None:
-            raise EvalError(f"invalid semver: {text!r} is not a strict semantic version (MAJOR.MINOR.PATCH)")
+            raise EvalError(_blang_error(source))
+        for digits in match.group(1, 2, 3):
+            if int(digits) > _UINT64_MAX:  # blang/semver parses each part with strconv.ParseUint
+                raise EvalError(f'strconv.ParseUint: parsing "{digits}": value out of range')
         self.text = source
         self.major, self.minor, self.patch = int(match.group(1)), int(match.group(2)), int(match.group(3))
         self.pre: tuple[str, ...] = tuple(match.group(4).split(".")) if match.group(4) else ()
@@ -54,6 +59,24 @@ class Semver:
 
     def __repr__(self) -> str:
         return f"semver({self.text!r})"
+
+
+def _blang_error(text: str) -> str:
+    """blang/semver's Parse error for an invalid version (its checks, in its order)."""
+    if not text:
+        return "Version string empty"
+    parts = text.split(".", 2)
+    if len(parts) != 3:
+        return "No Major.Minor.Patch elements found"
+    patch = re.split(r"[-+]", parts[2], maxsplit=1)[0]
+    for label, digits in (("major", parts[0]), ("minor", parts[1]), ("patch", patch)):
+        if not digits or not digits.isascii() or not digits.isdigit():
+            return f"Invalid character(s) found in {label} number {go_quote(digits)}"
+        if len(digits) > 1 and digits[0] == "0":
+            return f"{label.capitalize()} number must not contain leading zeroes {go_quote(digits)}"
+    if re.search(r"-(\.|$)|\.\.|\.$", parts[2].split("+", 1)[0]) or parts[2].endswith("-"):
+        return "Prerelease is empty"
+    return f"invalid semver: {text!r} is not a strict semantic version (MAJOR.MINOR.PATCH)"
 
 
 def _normalize(text: str) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from dra_driver.cel.errors import EvalError
+from dra_driver.cel.ext import TYPE_NAMES as _EXT_NAMES
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import Semver
 
@@ -106,7 +108,7 @@ def type_name(value: Any) -> str:
         return "type"
     if isinstance(value, Device):
         return "kubernetes.DRADevice"
-    return type(value).__name__
+    return _EXT_NAMES.get(type(value)) or type(value).__name__
 
 
 def is_number(value: Any) -> bool:
@@ -120,6 +122,8 @@ def cel_equal(left: Any, right: Any) -> bool:
     if is_number(left) and is_number(right):
         return bool(left == right)  # Python compares int/float exactly, as CrossTypeNumericComparisons requires
     if type(left) is not type(right):
+        if isinstance(left, Quantity | Semver):  # their Equal() rejects other types; String's just says false
+            raise EvalError("no such overload")
         if isinstance(left, dict) and isinstance(right, dict):
             pass  # DomainMap vs dict
         else:

@@ -1,0 +1,56 @@
+"""Regular expressions with Go's `regexp` syntax (what cel-go and Kubernetes use), run by RE2.
+
+RE2 and Go's parser agree except in a few corners (Go rejects `\\C`); errors are worded as Go's
+`error parsing regexp: ...`. RE2's own error logging to stderr is turned off.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any, Final
+
+import re2  # type: ignore[import-untyped]
+
+_OPTIONS: Final = re2.Options()
+_OPTIONS.log_errors = False
+_ANY_BYTE: Final = re.compile(r"(?<!\\)(?:\\\\)*\\C")
+_GO_WORDING: Final = (
+    (re.compile(r"^missing \): (.*)$", re.S), "missing closing ): `{}`"),
+    (re.compile(r"^missing \]: (.*)$", re.S), "missing closing ]: `{}`"),
+    (re.compile(r"^bad repetition operator: (.*)$", re.S), "invalid nested repetition operator: `{}`"),
+    (re.compile(r"^invalid repetition size: (.*)$", re.S), "invalid repeat count: `{}`"),
+    (re.compile(r"^invalid escape sequence: (.*)$", re.S), "invalid escape sequence: `{}`"),
+)
+
+
+class RegexError(ValueError):
+    pass
+
+
+def _go_message(detail: str) -> str:
+    for pattern, template in _GO_WORDING:
+        match = pattern.match(detail)
+        if match:
+            return "error parsing regexp: " + template.format(match.group(1))
+    return f"error parsing regexp: {detail}"
+
+
+@lru_cache(maxsize=512)
+def compile_go_regex(pattern: str) -> Any:
+    """A compiled RE2 program (cached: selectors reuse a handful of patterns); raises `RegexError`."""
+    if _ANY_BYTE.search(pattern):
+        raise RegexError(_go_message("invalid escape sequence: \\C"))
+    try:
+        return re2.compile(pattern, _OPTIONS)
+    except re2.error as err:
+        detail = err.args[0].decode() if err.args and isinstance(err.args[0], bytes) else str(err)
+        raise RegexError(_go_message(detail)) from None
+
+
+def regex_error(pattern: str) -> str | None:
+    try:
+        compile_go_regex(pattern)
+    except RegexError as err:
+        return str(err)
+    return None
