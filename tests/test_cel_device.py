@@ -16,6 +16,7 @@ from dra_driver.cel import (
     compile_selector,
     configure,
 )
+from dra_driver.cel.device import _attribute_value, split_name
 
 DRIVER = "gpu.example.com"
 DEV = CelDevice(
@@ -189,3 +190,51 @@ def test_model_copy_does_not_reuse_the_cached_conversion() -> None:
     assert ev(f'device.attributes["{DRIVER}"].m == 1', dev)
     changed = dev.model_copy(update={"attributes": {"m": {"int": 2}}})
     assert ev(f'device.attributes["{DRIVER}"].m == 2', changed)
+
+
+def _general_rule(dev: CelDevice, lists: bool) -> dict[str, dict[str, Any]] | str:
+    """The conversion by `_attribute_value` alone (no fast path): the reference for the inlined fast case."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for name, attr in dev.attributes.items():
+            domain, ident = split_name(name, dev.driver)
+            out.setdefault(domain, {})[ident] = _attribute_value(name, attr, lists)
+    except CelRuntimeError as err:
+        return str(err)
+    return out
+
+
+@pytest.mark.parametrize("lists", [False, True])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"a": {"int": 1}, "x.com/b": {"string": "s"}, "c": {"bool": False}, "x.com/d": {"version": "1.2.3"}},
+        {"a": {"int": True}},  # a bool where an int is declared: the general rule's type error
+        {"a": {"bool": 1}},
+        {"a": {"string": 7}},
+        {"a": {"version": "1.2"}},  # invalid: the same error on every conversion (the parse is cached)
+        {"a": {"version": 550}},
+        {"a": {"int": 1, "string": "x"}},  # two fields: the first in compile.go's order
+        {"a": {"int": None}},
+        {"a": {}},
+        {"a": {"ints": [1, 2]}},  # a list: unsupported with the gate off, a CEL list with it on
+        {"a": {"strings": ["x"], "string": "y"}},
+        {"x.com/a": {"int": 1}, "b": {"int": 2}, "x.com/c": {"int": 3}},  # domains interleaved
+    ],
+)
+def test_fast_conversion_agrees_with_the_general_rule(attributes: dict[str, Any], lists: bool) -> None:
+    configure(Features(list_type_attributes=lists))
+    try:
+        for _ in range(2):  # the second pass reads the version cache
+            dev = CelDevice(driver=DRIVER, attributes=attributes)
+            expected = _general_rule(dev, lists)
+            try:
+                device, raw = dev.cel_parts
+            except CelRuntimeError as err:
+                assert str(err) == expected
+                continue
+            assert isinstance(expected, dict)
+            assert {d: {i: v for i, (v, _) in ids.items()} for d, ids in expected.items()} == dict(device.attributes)
+            assert {d: {i: r for i, (_, r) in ids.items()} for d, ids in expected.items()} == raw["attributes"]
+    finally:
+        configure(KUBERNETES_1_36)

@@ -9,13 +9,29 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
 from dra_driver.cel.device import CelDevice
 from dra_driver.cel.errors import CelCompileError, CelRuntimeError
+from dra_driver.cel.features import KUBERNETES_1_36, Features, active, configure
 from dra_driver.cel.program import compile_selector
+
+# Kubernetes' names for the gates that shape the CEL environment (tools/celeval's -consumable-capacity and
+# -list-type-attributes), so the verdict can be the one of a cluster that runs with other gates than 1.36's defaults.
+GATES: Final = {"DRAConsumableCapacity": "consumable_capacity", "DRAListTypeAttributes": "list_type_attributes"}
+
+
+def parse_gates(text: str) -> Features:
+    """`Name=true|false,...` over the 1.36 defaults; raises ValueError on an unknown gate or value."""
+    values = {field: getattr(KUBERNETES_1_36, field) for field in GATES.values()}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in GATES or value.lower() not in ("true", "false"):
+            raise ValueError(f"bad feature gate {item!r} (known: {', '.join(GATES)}; Name=true|false)")
+        values[GATES[name]] = value.lower() == "true"
+    return Features(**values)
 
 
 def add_subcommand(subparsers: Any) -> None:
@@ -30,10 +46,29 @@ def add_subcommand(subparsers: Any) -> None:
         help='JSON file: {"driver", "attributes": {name: {"int"|"bool"|"string"|"version": v}}, '
         '"capacity": {name: "<quantity>"}, "allowMultipleAllocations"}',
     )
+    ev.add_argument(
+        "--feature-gates",
+        default="",
+        help=f"Name=true|false,... for {', '.join(GATES)} (default: Kubernetes 1.36's: true, false)",
+    )
     ev.set_defaults(func=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    try:
+        features = parse_gates(args.feature_gates)
+    except ValueError as err:
+        print(str(err), file=sys.stderr)
+        return 2
+    previous = active()
+    configure(features)
+    try:
+        return _evaluate(args)
+    finally:
+        configure(previous)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
     try:
         selector = compile_selector(args.expression)
     except CelCompileError as err:

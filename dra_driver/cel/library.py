@@ -17,7 +17,7 @@ from dra_driver.cel import cost
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.quantity import Quantity, QuantityError, parse_quantity
-from dra_driver.cel.regex import RegexError, compile_go_regex
+from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
 from dra_driver.cel.semver import Semver, parse_semver
 from dra_driver.cel.types import (
     BOOL,
@@ -284,7 +284,7 @@ def compile_regex(pattern: str) -> Any:
 def _matches(act: Activation, s: Any, pattern: Any) -> bool:
     _strings("matches", s, pattern)
     act.charge(cost.regex(len(s)))
-    return compile_regex(pattern).search(s) is not None
+    return regex_search(compile_regex(pattern), s)
 
 
 register("matches", True, 2, BOOL)(_matches)
