@@ -13,29 +13,31 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, start_http_server
 
-from dra_driver.controller.publisher import Publisher
 from dra_driver.health import ClaimStatusReporter, HealthAdminServer, HealthMonitor, publishable
 from dra_driver.health.admin import SOCKET_NAME
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
-from dra_driver.labels import apply_node_labels, node_labels
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
 from dra_driver.plugin.checkpoint import current_boot_id
 from dra_driver.plugin.claims import KubeClaimSource
+from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.grpc.resource_health import DeviceHealthSource, DeviceState, states_from_taints
 from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.sharing.mps_deployment import from_environment as mps_from_environment
-from dra_driver.slices.builder import build_slices
-from dra_driver.slices.model import DeviceTaint, ResourceSlice
-from dra_driver.telemetry import ReservedPods, register_gpu_metrics
+
+if TYPE_CHECKING:  # imported when the daemon serves (_run_served), not before
+    from wsgiref.simple_server import WSGIServer
+
+    from dra_driver.slices.model import DeviceTaint, ResourceSlice
 
 log = logging.getLogger(__name__)
 
@@ -81,21 +83,27 @@ def kube_api_client(kubeconfig: Path | None) -> Any:
 
 
 def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None = None) -> None:
+    """Serves the kubelet as soon as the driver has recovered; the publisher, health and telemetry start after
+    (their modules are imported only then): start to serving is what a restarted plugin's prepares wait for."""
     stop = stop or threading.Event()
+    settings = options.settings
     api = kube_api_client(options.kubeconfig)
     # MPS daemons in pods of their own and tmpfs shm, as the chart configures them (else the plugin's children)
     mps_pods, shm = mps_from_environment(
         api,
         source.lib,
-        node_name=options.settings.pool,
-        driver=options.settings.driver,
+        node_name=settings.pool,
+        driver=settings.driver,
         driver_root=source.driver_root,
         host_driver_root=source.host_driver_root,
     )
+    # DeviceClasses from a watch, not a GET per claim (why that is safe: dra_driver.plugin.class_cache)
+    classes = DeviceClassCache(KubeClassWatch(api))
     driver = Driver(
-        options.settings,
+        settings,
         source.lib,
-        KubeClaimSource(api, request_timeout=API_TIMEOUT_SECONDS),  # a stalled API server must not stall prepares
+        # a stalled API server must not stall prepares
+        CachedClassSource(KubeClaimSource(api, request_timeout=API_TIMEOUT_SECONDS), classes),
         sysfs_root=source.sysfs_root,
         proc_root=source.proc_root,
         boot_id=current_boot_id(),
@@ -104,6 +112,50 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
         mps_launcher=mps_pods,
         shm=shm,
     )
+    with ExitStack() as cleanup:  # stops what was started, last started first; the driver (NVML) last
+        cleanup.callback(driver.close)
+        classes.start()
+        cleanup.callback(classes.stop)
+        taints: list[Callable[[], dict[str, list[DeviceTaint]]]] = [dict]  # the health monitor's, once it exists
+
+        def device_health() -> dict[str, DeviceState]:
+            return states_from_taints(driver.catalog, taints[0]())
+
+        # Prepares of different claims run in parallel: the driver serialises device changes itself.
+        server = PluginServer(
+            driver,
+            settings.driver,
+            settings.plugin_dir,
+            options.registry_dir,
+            pod_uid=options.pod_uid,
+            serialize=False,
+            device_health=DeviceHealthSource(settings.pool, device_health),
+        )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        server.start()
+        cleanup.callback(server.stop)
+        log.info("plugin %s serving on %s", settings.driver, server.dra_socket_path)
+        _run_served(options, source, stop, api, driver, server, taints, cleanup)
+
+
+def _run_served(
+    options: DaemonOptions,
+    source: NvmlSource,
+    stop: threading.Event,
+    api: Any,
+    driver: Driver,
+    server: PluginServer,
+    taints: list[Callable[[], dict[str, list[DeviceTaint]]]],
+    cleanup: ExitStack,
+) -> None:
+    """What runs beside the kubelet plugin: telemetry, node labels, device health, the pool's publisher; then
+    rediscovery until `stop`. Each part started registers its stop in `cleanup`."""
+    from dra_driver.controller.publisher import Publisher
+    from dra_driver.labels import apply_node_labels, node_labels
+    from dra_driver.slices.builder import build_slices
+    from dra_driver.telemetry import ReservedPods, register_gpu_metrics
+
     settings = options.settings
     version = options.k8s_version or server_minor(api)
     # Per-GPU and per-MIG telemetry on the metrics endpoint; `pod` from the claims' status.reservedFor.
@@ -164,49 +216,19 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
 
     desired(1, None)  # fail now, not in the background, if this node cannot be expressed in this version
     publisher = Publisher(api, node_name=settings.pool, driver=settings.driver, desired=desired)
-
-    def device_health() -> dict[str, DeviceState]:
-        return states_from_taints(driver.catalog, health.taints())
-
-    # Prepares of different claims run in parallel: the driver serialises device changes itself.
-    server = PluginServer(
-        driver,
-        options.settings.driver,
-        options.settings.plugin_dir,
-        options.registry_dir,
-        pod_uid=options.pod_uid,
-        serialize=False,
-        device_health=DeviceHealthSource(settings.pool, device_health),
-    )
     if options.metrics_port is not None:
         serve_metrics(options.metrics_port, options.metrics_address)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    publisher.start()
-    health.start()
-    claim_status.start()
-    admin.start()
-    server.start()
-    log.info(
-        "plugin %s serving on %s, publishing pool %s for Kubernetes %s",
-        settings.driver,
-        server.dra_socket_path,
-        settings.pool,
-        version,
-    )
-    try:
-        while not stop.wait(options.rediscover_seconds):
-            if rediscover(driver, source):
-                publisher.trigger()
-                server.device_health_changed()  # the device list changed
-                label_node()
-    finally:
-        server.stop()
-        admin.stop()
-        health.stop()
-        claim_status.stop()
-        publisher.stop()
-        driver.close()
+    for part in (publisher, health, claim_status, admin):
+        part.start()
+        cleanup.callback(part.stop)
+    taints[0] = health.taints
+    server.device_health_changed()
+    log.info("plugin %s publishing pool %s for Kubernetes %s", settings.driver, settings.pool, version)
+    while not stop.wait(options.rediscover_seconds):
+        if rediscover(driver, source):
+            publisher.trigger()
+            server.device_health_changed()  # the device list changed
+            label_node()
 
 
 def rediscover(driver: Driver, source: NvmlSource) -> bool:

@@ -37,9 +37,16 @@ def die_with_parent() -> None:
 
 def preload() -> None:
     """Import what `dra-driver plugin` imports (only that: module-level side effects stay those of a daemon)."""
+    from kubernetes import watch  # noqa: F401
+
     import dra_driver.cli
+    import dra_driver.controller.publisher
     import dra_driver.daemon
-    import dra_driver.plugin.grpc.server  # noqa: F401
+    import dra_driver.labels
+    import dra_driver.plugin.class_cache
+    import dra_driver.plugin.grpc.server
+    import dra_driver.slices.builder
+    import dra_driver.telemetry  # noqa: F401  (the daemon imports these once it serves)
     from dra_driver.plugin.grpc import protos
 
     protos.load()

@@ -6,14 +6,13 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from pydantic import ValidationError
 
-from dra_driver.allocation.explain import ClaimExplanation
-from dra_driver.allocation.loader import InputError, load_objects
-from dra_driver.allocation.quantities import QuantityError
-from dra_driver.allocation.simulate import ClaimOutcome, SimulationReport, simulate
+if TYPE_CHECKING:  # the allocator and CEL load only when `simulate` runs: every `dra-driver` start parses this
+    from dra_driver.allocation.explain import ClaimExplanation
+    from dra_driver.allocation.simulate import ClaimOutcome, SimulationReport
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 1
@@ -47,6 +46,10 @@ def add_subcommand(subparsers: Any) -> None:
 
 
 def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from dra_driver.allocation.loader import InputError, load_objects
+    from dra_driver.allocation.quantities import QuantityError
+    from dra_driver.allocation.simulate import simulate
+
     out = out or sys.stdout
     try:
         if sum(1 for group in (args.slices, args.classes, args.claims, args.allocated) if "-" in group) > 1:

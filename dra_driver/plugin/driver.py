@@ -8,8 +8,9 @@ backwards from UnprepareStarted, destroying a MIG device only after checking it 
 instance ids are reused). A PrepareCompleted claim whose MIG device or CDI spec is gone is undone and prepared
 again, never answered as prepared. Each step is a named crash point (`crashpoints`) for the kill tests.
 Device changes are serialised by an in-process lock and a node-wide file lock (`<plugin dir>/pu.lock`, 0600), so
-two plugin processes (a rolling update) exclude each other; reading claims from the API server happens outside
-the lock, in parallel.
+two plugin processes (a rolling update) exclude each other. Only what reads or changes the node's device state
+(checkpoint, MIG, sharing, CDI files) runs under it: API reads, CEL selector re-checks and config resolution
+(`_check`, a pure function of the claim, its classes and the catalog) run before it, in parallel with other prepares.
 """
 
 from __future__ import annotations
@@ -102,6 +103,17 @@ class PluginSettings:
     # NVIDIA's `nvidia-cdi-hook` (or `nvidia-ctk`) on the host: CDI specs then carry its update-ldcache and
     # create-symlinks hooks instead of a bind mount per library link (cdi.driverfiles.common_edits)
     cdi_hook_path: str | None = None
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A result of this driver that passed every check needing no device lock (`Driver._check`)."""
+
+    request: str
+    entry: CatalogEntry
+    admin_access: bool
+    config: GpuConfig | MigDeviceConfig | None
+    share_id: str | None
 
 
 @dataclass(frozen=True)
@@ -215,6 +227,11 @@ class Driver:
                 out[ref.uid] = PrepareResult(error=got)
                 continue
             try:
+                checked: list[_Checked] | PrepareError | ConfigError
+                try:  # CEL and configs outside the lock: other prepares go on meanwhile
+                    checked = self._check(got, classes)
+                except (PrepareError, ConfigError) as e:  # raised under the lock unless the claim is prepared already
+                    checked = e
                 with self._locked(deadline):
                     if read_timeout(deadline) <= 0:  # the wait for the lock used up the time: the answer would be late
                         out[ref.uid] = PrepareResult(
@@ -222,7 +239,7 @@ class Driver:
                             "nothing was changed"
                         )
                         continue
-                    out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, got, classes, deadline))
+                    out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, checked, deadline))
             except (PrepareError, ConfigError, MigError, DevNodeError, SharingError, OSError) as e:
                 log.warning("prepare %s/%s (%s) failed: %s", ref.namespace, ref.name, ref.uid, e)
                 out[ref.uid] = PrepareResult(error=str(e))
@@ -265,8 +282,7 @@ class Driver:
     def _prepare_claim(
         self,
         ref: ClaimRef,
-        claim: ResourceClaim,
-        classes: dict[str, DeviceClass | str],
+        checked: list[_Checked] | PrepareError | ConfigError,
         deadline: float | None = None,
     ) -> list[PreparedDevice]:
         existing = self.checkpoint.claims.get(ref.uid)
@@ -278,7 +294,9 @@ class Driver:
         if existing is not None:
             log.info("claim %s is not (or no longer) fully prepared; undoing what is left first", ref.uid)
             self._teardown(existing)
-        planned = self._plan(claim, classes)  # raises before anything changes
+        if isinstance(checked, Exception):  # e.g. its class changed since: only a prepared claim is answered
+            raise checked
+        planned = self._plan(checked)  # raises before anything changes
         if not planned:  # allocated only to other drivers: nothing to record, no (empty, invalid) CDI spec
             return []
         entry = ClaimEntry(
@@ -343,34 +361,25 @@ class Driver:
             raise
         return self._answer(entry)
 
-    def _plan(self, claim: ResourceClaim, classes: dict[str, DeviceClass | str]) -> list[_Planned]:
+    def _check(self, claim: ResourceClaim, classes: dict[str, DeviceClass | str]) -> list[_Checked]:
+        """This driver's results, checked against what needs no device lock: pool, catalog, class and claim
+        selectors, configs and feature gates. Raises before anything changes."""
         assert claim.status.allocation is not None
         allocation = claim.status.allocation.devices
-        held = [
-            (uid, self.catalog[d.device])
-            for uid, e in self.checkpoint.claims.items()
-            for d in e.devices
-            if not d.admin_access and not d.released and d.device in self.catalog
-        ]
-        planned: list[_Planned] = []
+        catalog = self.catalog  # one snapshot: refresh_inventory replaces it whole
+        checked: list[_Checked] = []
         for result in allocation.results:
             if result.driver != self.settings.driver:
                 continue
             if result.pool != self.settings.pool:
                 raise PrepareError(f"device {result.device} is allocated from pool {result.pool}, not this node's")
-            entry = self.catalog.get(result.device)
+            entry = catalog.get(result.device)
             if entry is None:
                 raise PrepareError(f"device {result.device} is not a device of this node (pool {result.pool})")
             admin = bool(result.admin_access)
-            if not admin:
-                for uid, other in held:
-                    if conflicts(entry, other):
-                        raise PrepareError(
-                            f"device {result.device} overlaps {other.device.name}, which claim {uid} holds"
-                        )
-                for p in planned:
-                    if not p.admin_access and conflicts(entry, p.entry):
-                        raise PrepareError(f"devices {p.entry.device.name} and {result.device} overlap")
+            for c in checked:  # the claim's own devices; other claims' are checked under the lock (_plan)
+                if not admin and not c.admin_access and conflicts(entry, c.entry):
+                    raise PrepareError(f"devices {c.entry.device.name} and {result.device} overlap")
             class_name, claim_selectors = claim.request_class_and_selectors(result.request)
             device_class = classes.get(class_name)
             if not isinstance(device_class, DeviceClass):
@@ -388,7 +397,27 @@ class Driver:
                 why = features.strategy_disabled(self.settings.feature_gates, config.sharing.strategy)
                 if why:
                     raise PrepareError(f"device {result.device}: {why}")
-            planned.append(_Planned(result.request, entry, admin, config, result.share_id))
+            checked.append(_Checked(result.request, entry, admin, config, result.share_id))
+        return checked
+
+    def _plan(self, checked: list[_Checked]) -> list[_Planned]:
+        """Under the device locks: the checked devices against what other claims hold now."""
+        held = [
+            (uid, self.catalog[d.device])
+            for uid, e in self.checkpoint.claims.items()
+            for d in e.devices
+            if not d.admin_access and not d.released and d.device in self.catalog
+        ]
+        planned: list[_Planned] = []
+        for c in checked:
+            name = c.entry.device.name
+            if self.catalog.get(name) != c.entry:  # rediscovered since it was checked: the kubelet retries
+                raise PrepareError(f"device {name} changed while the claim was being prepared; retry")
+            if not c.admin_access:
+                for uid, other in held:
+                    if conflicts(c.entry, other):
+                        raise PrepareError(f"device {name} overlaps {other.device.name}, which claim {uid} holds")
+            planned.append(_Planned(c.request, c.entry, c.admin_access, c.config, c.share_id))
         self.sharing.validate([(p.entry.device.name, p.config, p.admin_access) for p in planned])
         return planned
 

@@ -1,0 +1,246 @@
+"""Issue 15 line 4: prepares read DeviceClasses from a watch, and hold the device lock only for device changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.plugin import driver as driver_module
+from dra_driver.plugin.claims import DeviceClass, KubeClaimSource, ResourceClaim
+from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
+from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.plugin.types import ClaimRef
+from dra_driver.simulator.nvml import SimulatedNvml
+from tests.plugin_helpers import DRIVER, GPU_CLASS, Node, claim, ref
+from tests.test_plugin_apiserver import _create
+from tests.test_publisher import api_client
+
+
+def _wait(cond: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.02)
+
+
+class _Counting:
+    """A ClaimSource wrapper that counts the reads that reach the API server."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.claim_gets = 0
+        self.class_gets = 0
+
+    def get_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> ResourceClaim:
+        self.claim_gets += 1
+        got: ResourceClaim = self.inner.get_claim(namespace, name, timeout=timeout)
+        return got
+
+    def get_device_class(self, name: str, *, timeout: float | None = None) -> DeviceClass:
+        self.class_gets += 1
+        got: DeviceClass = self.inner.get_device_class(name, timeout=timeout)
+        return got
+
+
+class _FakeWatch:
+    """A list, then watch events pushed by the test; `fail()` breaks the watch."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.cond = threading.Condition()
+        self.broken = False
+        self.lists = 0
+
+    def list(self) -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        if self.broken:
+            raise ConnectionError("API server away")
+        return list(self.items), "1"
+
+    def watch(self, resource_version: str, stop: threading.Event) -> Iterator[tuple[str, dict[str, Any]]]:
+        while not stop.is_set():
+            with self.cond:
+                self.cond.wait_for(lambda: self.events or self.broken or stop.is_set(), timeout=0.1)
+                if self.broken:
+                    raise ConnectionError("watch broken")
+                pending, self.events = self.events, []
+            yield from pending
+
+    def push(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.cond:
+            self.events.append((kind, obj))
+            self.cond.notify_all()
+
+    def fail(self) -> None:
+        with self.cond:
+            self.broken = True
+            self.cond.notify_all()
+
+
+def _cls(name: str, expression: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
+def test_the_class_cache_follows_the_watch_and_answers_nothing_out_of_sync() -> None:
+    fake = _FakeWatch([_cls("a", "true")])
+    cache = DeviceClassCache(fake, retry_s=0.05)
+    assert cache.get("a") is None  # not listed yet: the caller GETs
+    cache.start()
+    try:
+        _wait(lambda: cache.get("a") is not None)
+        fake.push("MODIFIED", _cls("a", "false"))
+        _wait(lambda: (c := cache.get("a")) is not None and c.expressions == ["false"])
+        fake.push("ADDED", _cls("b", "true"))
+        _wait(lambda: cache.get("b") is not None)
+        fake.push("DELETED", _cls("b", "true"))
+        _wait(lambda: cache.get("b") is None)
+        fake.fail()  # a broken watch: nothing is answered from a cache that may be stale
+        _wait(lambda: not cache.synced)
+        assert cache.get("a") is None
+        fake.broken = False  # the API server is back: relisted
+        _wait(lambda: cache.get("a") is not None)
+        assert fake.lists >= 2
+    finally:
+        cache.stop()
+
+
+def test_the_class_cache_is_bounded() -> None:
+    fake = _FakeWatch([_cls(f"c{i}", "true") for i in range(5)])
+    cache = DeviceClassCache(fake, max_classes=3)
+    cache.start()
+    try:
+        _wait(lambda: cache.synced)
+        assert sum(cache.get(f"c{i}") is not None for i in range(5)) == 3
+        fake.push("ADDED", _cls("c9", "true"))
+        time.sleep(0.3)
+        assert cache.get("c9") is None  # over the bound: read with a GET
+    finally:
+        cache.stop()
+
+
+def test_prepares_of_one_class_read_it_from_the_cache_and_a_changed_class_rejects(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    counting = _Counting(node.source)
+    fake = _FakeWatch([GPU_CLASS])
+    cache = DeviceClassCache(fake)
+    cache.start()
+    claims = [claim([f"gpu-{i}"]) for i in range(4)]
+    node.add(*claims)
+    d = node.driver()
+    d.claims = CachedClassSource(counting, cache)
+    try:
+        _wait(lambda: cache.synced)
+        for c in claims[:3]:  # separate prepare calls, as the kubelet makes them
+            assert d.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
+        assert counting.class_gets == 0 and counting.claim_gets == 3  # the claim is still read (its UID)
+        fake.push("MODIFIED", _cls("gpu", "device.attributes['" + DRIVER + "'].type == 'mig'"))
+        _wait(lambda: (c := cache.get("gpu")) is not None and "mig" in c.expressions[0])
+        err = d.prepare([ref(claims[3])])[claims[3]["metadata"]["uid"]].error
+        assert "no longer matches class gpu" in err
+    finally:
+        cache.stop()
+        d.close()
+
+
+def test_a_claim_is_read_and_rechecked_while_another_prepare_holds_the_device_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = Node(tmp_path)
+    c = claim(["gpu-1"], selectors=["device.attributes['" + DRIVER + "'].type == 'gpu'"])
+    node.add(c)
+    d = node.driver()
+    checked = threading.Event()
+    real = driver_module.check_selectors
+
+    def check(*args: Any, **kwargs: Any) -> str | None:
+        checked.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver_module, "check_selectors", check)
+    out: dict[str, Any] = {}
+    with d._locked():  # another prepare carving a MIG device, say
+        t = threading.Thread(target=lambda: out.update(d.prepare([ref(c)], deadline=time.monotonic() + 60)))
+        t.start()
+        # before the lock was narrowed, the CEL re-check waited here for the lock
+        assert checked.wait(20), "the claim's selector check waited for the device lock"
+        assert t.is_alive()  # the device changes do wait
+    t.join(60)
+    assert out[c["metadata"]["uid"]].error == ""
+
+
+def test_a_prepared_claim_is_answered_even_if_its_class_no_longer_matches(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    c = claim(["gpu-1"])
+    node.add(c)
+    d = node.driver()
+    uid = c["metadata"]["uid"]
+    first = d.prepare([ref(c)])[uid]
+    assert first.error == ""
+    node.source.classes["gpu"] = _cls("gpu", "false")  # the class changed under a running container
+    assert d.prepare([ref(c)])[uid] == first  # the kubelet's repeat gets the same answer, as before
+    other = claim(["gpu-2"])
+    node.add(other)
+    assert "no longer matches class gpu" in d.prepare([ref(other)])[other["metadata"]["uid"]].error
+
+
+def test_a_device_rediscovered_during_the_checks_is_refused_under_the_lock(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    c = claim(["gpu-1"])
+    node.add(c)
+    d = node.driver()
+    checked = d._check(ResourceClaim.model_validate(c), {"gpu": DeviceClass.model_validate(GPU_CLASS)})
+    d.catalog = {**d.catalog, "gpu-1": dataclasses.replace(checked[0].entry, placement_start=7)}
+    with d._locked(), pytest.raises(Exception, match="changed while the claim was being prepared"):
+        d._plan(checked)
+
+
+def test_n_prepares_of_one_class_do_no_deviceclass_get_against_a_real_api_server(control_plane, tmp_path: Path) -> None:
+    name = "perf-gpu"
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}}
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps({**body, "spec": GPU_CLASS["spec"]}))
+    pool = "perf-node"
+    created = [_create(control_plane, claim([f"gpu-{i}"], device_class=name, pool=pool)) for i in range(4)]
+    refs = [ClaimRef(namespace="default", name=c["metadata"]["name"], uid=c["metadata"]["uid"]) for c in created]
+    api = api_client(control_plane.kubeconfig)
+    counting = _Counting(KubeClaimSource(api))
+    cache = DeviceClassCache(KubeClassWatch(api, watch_seconds=5))
+    cache.start()
+    sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
+    settings = PluginSettings(driver=DRIVER, pool=pool, plugin_dir=tmp_path / "plugin", cdi_root=tmp_path / "cdi")
+    d = Driver(
+        settings,
+        sim,
+        CachedClassSource(counting, cache),
+        sysfs_root=sim.sysfs_root,
+        proc_root=sim.proc_root,
+        boot_id="b",
+    )
+    try:
+        _wait(lambda: cache.get(name) is not None)
+        for r in refs[:3]:
+            assert d.prepare([r])[r.uid].error == ""
+        assert counting.class_gets == 0
+        # the class narrowed in the API server: the watch brings it, the next prepare is refused
+        mig_only = {"selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].type == 'mig'"}}]}
+        control_plane.kubectl("apply", "-f", "-", input=json.dumps({**body, "spec": mig_only}))
+        _wait(lambda: (c := cache.get(name)) is not None and "mig" in c.expressions[0])
+        assert f"no longer matches class {name}" in d.prepare([refs[3]])[refs[3].uid].error
+        control_plane.kubectl("delete", "deviceclass", name)
+        _wait(lambda: cache.synced and cache.get(name) is None)
+        assert f"retrieve device class {name}" in d.prepare([refs[3]])[refs[3].uid].error  # a GET: not found
+        assert counting.class_gets == 1
+    finally:
+        cache.stop()
+        d.unprepare(refs)
+        d.close()
+        for c in created:
+            control_plane.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+        control_plane.kubectl("delete", "deviceclass", name, "--ignore-not-found")

@@ -1,0 +1,28 @@
+"""Issue 15 line 4: what the daemon imports before it serves the kubelet (timings are not asserted: structure is)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _imported_after(statement: str, modules: list[str]) -> list[str]:
+    code = f"import sys\n{statement}\nprint(' '.join(m for m in {modules!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["import dra_driver.plugin.grpc.server", "import dra_driver.daemon", "import dra_driver.plugin.class_cache"],
+)
+def test_the_serving_path_does_not_import_the_kubernetes_client(statement: str) -> None:
+    assert _imported_after(statement, ["kubernetes"]) == []
+
+
+def test_the_publisher_telemetry_and_labels_are_imported_only_once_the_daemon_serves() -> None:
+    later = ["dra_driver.controller.publisher", "dra_driver.slices.builder", "dra_driver.telemetry"]
+    later.append("dra_driver.labels")
+    assert _imported_after("import dra_driver.daemon", later) == []
