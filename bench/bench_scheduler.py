@@ -1,0 +1,212 @@
+"""What our slices cost the real kube-scheduler: pods with claims scheduled per second on simulated dgx-h100 nodes
+(Node objects and ResourceSlices created through the API, no daemons, no kubelets), for each publish layout, each in a
+control plane of its own (tests/cluster), with the scheduler's own metrics scraped from its /metrics.
+
+Layouts: partitionable (our default: 8 GPUs + every MIG placement, with counters), static (MIG off on this machine:
+whole GPUs, no counters), gpus (whole GPUs only). Workloads: whole-GPU claims on every layout, and a MIG mix
+(1g.10gb and 3g.40gb partitions and whole GPUs) where the layout offers MIG. Each pod has one claim; all pods are
+created at once and timed until every one is bound (spec.nodeName set).
+
+Run: python bench/bench_scheduler.py [--quick] [--nodes N] [--pods-per-node K]. Prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dra_driver.slices.devices import PublishMode
+from tests.cluster.controlplane import ControlPlane
+from tests.test_allocbench import class_name, classes, fleet
+from tests.test_publisher import api_client
+
+NS = "default"
+SCHEDULE_TIMEOUT_S = 600.0
+WORKLOADS = {"whole GPUs": ("gpu",), "MIG mix": ("mig-1g.10gb", "gpu", "mig-3g.40gb", "mig-1g.10gb")}
+METRICS = {
+    "attempt": ("scheduler_scheduling_attempt_duration_seconds", {"result": "scheduled"}),
+    "prefilter": ("scheduler_plugin_execution_duration_seconds", {"plugin": "DynamicResources",
+                                                                   "extension_point": "PreFilter"}),
+    "filter": ("scheduler_plugin_execution_duration_seconds", {"plugin": "DynamicResources",
+                                                                "extension_point": "Filter"}),
+}  # fmt: skip
+
+
+def create_nodes(api: Any, names: list[str]) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    capacity = {"cpu": "100", "memory": "1000Gi", "pods": "5000"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet-less bench node"}
+
+    def one(name: str) -> None:
+        core.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+        status = {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [ready]}}
+        core.patch_node_status(name, status)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, names))
+
+
+def create_all(api: Any, plural: str, items: list[dict[str, Any]], namespaced: bool) -> None:
+    from kubernetes import client
+
+    objects = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+
+    def one(obj: dict[str, Any]) -> None:
+        if plural == "pods":
+            core.create_namespaced_pod(NS, obj)
+        elif namespaced:
+            objects.create_namespaced_custom_object("resource.k8s.io", "v1", NS, plural, obj)
+        else:
+            objects.create_cluster_custom_object("resource.k8s.io", "v1", plural, obj)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, items))
+
+
+def claim_and_pod(i: int, cls: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    name = f"p{i:05d}"
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": class_name(cls)}}]}},
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"containers": [{"name": "c", "image": "registry.invalid/x",
+                                    "resources": {"claims": [{"name": "g"}]}}],
+                    "resourceClaims": [{"name": "g", "resourceClaimName": name}]}}  # fmt: skip
+    return claim, pod
+
+
+def bound(api: Any) -> int:
+    from kubernetes import client
+
+    pods = client.CoreV1Api(api).list_namespaced_pod(NS).items
+    return sum(1 for p in pods if p.spec.node_name)
+
+
+class Metrics:
+    """The scheduler's /metrics, read with a service account token allowed to (delegated authn/authz)."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        command = cp._component("kube-scheduler").command  # its port is not exposed otherwise
+        port = next(a.split("=", 1)[1] for a in command if a.startswith("--secure-port="))
+        self.url = f"https://127.0.0.1:{port}/metrics"
+        rbac = [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bench-metrics", "namespace": NS}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "bench-metrics"},
+             "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": "bench-metrics"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench-metrics"},
+             "subjects": [{"kind": "ServiceAccount", "name": "bench-metrics", "namespace": NS}]},
+        ]  # fmt: skip
+        cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+        self.token = cp.kubectl("create", "token", "bench-metrics", "-n", NS).stdout.strip()
+        self.context = ssl.create_default_context()
+        self.context.check_hostname = False
+        self.context.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving cert, loopback only
+
+    def read(self) -> dict[str, tuple[float, float]]:
+        """(sum, count) of each histogram in METRICS."""
+        request = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=30, context=self.context) as response:
+            text = response.read().decode()
+        out: dict[str, tuple[float, float]] = {}
+        for key, (name, labels) in METRICS.items():
+            total = count = 0.0
+            for line in text.splitlines():
+                if not line.startswith((name + "_sum{", name + "_count{")):
+                    continue
+                head, value = line.rsplit(" ", 1)
+                if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                    if head.startswith(name + "_sum"):
+                        total += float(value)
+                    else:
+                        count += float(value)
+            out[key] = (total, count)
+        return out
+
+
+def run_layout(mode: PublishMode, workload: str, nodes: int, per_node: int, tmp: Path) -> dict[str, Any]:
+    names, slices = fleet(nodes, tmp, mode)
+
+    kinds = WORKLOADS[workload]
+    pods = nodes * per_node
+    with ControlPlane() as cp:
+        api = api_client(cp.kubeconfig)
+        metrics = Metrics(cp)
+        create_nodes(api, names)
+        create_all(api, "deviceclasses", classes(), namespaced=False)
+        t = time.monotonic()
+        create_all(api, "resourceslices", slices, namespaced=False)
+        publish_s = time.monotonic() - t
+        pairs = [claim_and_pod(i, kinds[i % len(kinds)]) for i in range(pods)]
+        create_all(api, "resourceclaims", [c for c, _ in pairs], namespaced=True)
+        time.sleep(2.0)  # the scheduler's informers catch up with the slices and claims before the clock starts
+        before = metrics.read()
+        t0 = time.monotonic()
+        create_all(api, "pods", [p for _, p in pairs], namespaced=True)
+        created_s = time.monotonic() - t0
+        done = 0
+        while time.monotonic() - t0 < SCHEDULE_TIMEOUT_S:
+            done = bound(api)
+            if done == pods:
+                break
+            time.sleep(0.2)
+        elapsed = time.monotonic() - t0
+        after = metrics.read()
+    devices = sum(len(s["spec"].get("devices") or []) for s in slices) // nodes
+    mean = {}
+    for key in METRICS:
+        d_sum, d_count = after[key][0] - before[key][0], after[key][1] - before[key][1]
+        mean[key] = (1000 * d_sum / d_count if d_count else float("nan"), int(d_count))
+    return {"layout": mode.value, "workload": workload, "devices": devices, "slices": len(slices) // nodes,
+            "pods": pods, "bound": done, "seconds": elapsed, "create_s": created_s, "publish_s": publish_s,
+            "mean": mean}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="20 nodes, 1 pod per node, whole GPUs on two layouts")
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--pods-per-node", type=int, default=1)
+    args = parser.parse_args()
+    nodes, per_node = (20, 1) if args.quick else (args.nodes, args.pods_per_node)
+    cases = [(PublishMode.PARTITIONABLE, "whole GPUs"), (PublishMode.GPUS, "whole GPUs")]
+    if not args.quick:
+        cases = [(PublishMode.PARTITIONABLE, "whole GPUs"), (PublishMode.PARTITIONABLE, "MIG mix"),
+                 (PublishMode.STATIC, "whole GPUs"), (PublishMode.GPUS, "whole GPUs")]  # fmt: skip
+    print(f"{nodes} nodes (dgx-h100), {per_node} pod(s) per node, one claim per pod; kube-scheduler v1.36.3")
+    print("| layout | workload | devices/node | slices/node | pods bound | seconds | pods/s | attempt ms (n) "
+          "| DRA PreFilter ms (n) | DRA Filter ms (n) | slices created in s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, workload in cases:  # a row as soon as it is measured: a layout takes minutes on a busy machine
+            r = run_layout(mode, workload, nodes, per_node, Path(tmp))
+            m = r["mean"]
+            print(f"| {r['layout']} | {r['workload']} | {r['devices']} | {r['slices']} | {r['bound']}/{r['pods']} "
+                  f"| {r['seconds']:.1f} | {r['bound'] / r['seconds']:.1f} | {m['attempt'][0]:.1f} ({m['attempt'][1]}) "
+                  f"| {m['prefilter'][0]:.2f} ({m['prefilter'][1]}) | {m['filter'][0]:.2f} ({m['filter'][1]}) "
+                  f"| {r['publish_s']:.1f} |", flush=True)  # fmt: skip
+    print(
+        "attempt: scheduler_scheduling_attempt_duration_seconds{result=scheduled}, mean; DRA PreFilter/Filter: "
+        "scheduler_plugin_execution_duration_seconds{plugin=DynamicResources}, mean of the sampled cycles"
+    )
+
+
+if __name__ == "__main__":
+    main()

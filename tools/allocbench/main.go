@@ -1,0 +1,171 @@
+// allocbench runs the kube-scheduler's structured allocator (k8s.io/dynamic-resource-allocation/structured) the way
+// the DynamicResources plugin calls it, on JSON input, and prints the per-claim results and the time taken. It is the
+// Go baseline of bench/bench_allocator.py and the reference of tests/test_allocbench.py.
+//
+// Input (stdin): {"slices": [...], "classes": [...], "claims": [...], "nodes": ["node-a", ...], "repeat": 1}
+// Each claim is a pod of its own, scheduled in order: one allocator per claim (PreFilter), then Allocate on the nodes
+// starting at node (i mod len(nodes)) until one fits (Filter); what a claim got counts as allocated for the next.
+// Output (stdout): {"results": [{"claim", "node", "devices": [{"request", "driver", "pool", "device"}]}],
+// "seconds": best of the repeats, "allocate_calls": Allocate calls per repeat}.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+)
+
+type input struct {
+	Slices  []*resourceapi.ResourceSlice `json:"slices"`
+	Classes []*resourceapi.DeviceClass   `json:"classes"`
+	Claims  []*resourceapi.ResourceClaim `json:"claims"`
+	Nodes   []string                     `json:"nodes"`
+	Repeat  int                          `json:"repeat"`
+}
+
+type device struct {
+	Request string `json:"request"`
+	Driver  string `json:"driver"`
+	Pool    string `json:"pool"`
+	Device  string `json:"device"`
+}
+
+type result struct {
+	Claim   string   `json:"claim"`
+	Node    string   `json:"node,omitempty"`
+	Devices []device `json:"devices"`
+	Error   string   `json:"error,omitempty"`
+}
+
+type output struct {
+	Results       []result `json:"results"`
+	Seconds       float64  `json:"seconds"`
+	AllocateCalls int      `json:"allocate_calls"`
+}
+
+type classLister map[string]*resourceapi.DeviceClass
+
+func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
+	out := make([]*resourceapi.DeviceClass, 0, len(l))
+	for _, c := range l {
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
+	if c, ok := l[name]; ok {
+		return c, nil
+	}
+	return nil, fmt.Errorf("deviceclass.resource.k8s.io %q not found", name)
+}
+
+// features are the scheduler's with Kubernetes 1.36's default gates (pkg/features/kube_features.go):
+// DRADeviceBindingConditions is off by default, so DeviceBindingAndStatus is too.
+var features = structured.Features{
+	AdminAccess:          true,
+	PrioritizedList:      true,
+	PartitionableDevices: true,
+	DeviceTaints:         true,
+	ConsumableCapacity:   true,
+}
+
+func run(ctx context.Context, in *input) ([]result, int, error) {
+	classes := classLister{}
+	for _, c := range in.Classes {
+		classes[c.Name] = c
+	}
+	nodes := make([]*v1.Node, len(in.Nodes))
+	for i, name := range in.Nodes {
+		nodes[i] = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+	}
+	// The scheduler's cache size and CEL features (dynamicresources.go).
+	celCache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity})
+	state := structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+	results := make([]result, 0, len(in.Claims))
+	calls := 0
+	for i, claim := range in.Claims {
+		r := result{Claim: claim.Namespace + "/" + claim.Name, Devices: []device{}}
+		alloc, err := structured.NewAllocator(ctx, features, state, classes, in.Slices, celCache)
+		if err != nil {
+			return nil, 0, err
+		}
+		for k := range nodes {
+			node := nodes[(i+k)%len(nodes)]
+			calls++
+			got, err := alloc.Allocate(ctx, node, []*resourceapi.ResourceClaim{claim})
+			if errors.Is(err, structured.ErrFailedAllocationOnNode) {
+				continue
+			}
+			if err != nil {
+				r.Error = err.Error()
+				break
+			}
+			if got == nil {
+				continue
+			}
+			r.Node = node.Name
+			for _, d := range got[0].Devices.Results {
+				r.Devices = append(r.Devices, device{Request: d.Request, Driver: d.Driver, Pool: d.Pool, Device: d.Device})
+				id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
+				if d.ShareID == nil {
+					state.AllocatedDevices.Insert(id)
+					continue
+				}
+				state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, d.ShareID))
+				if d.ConsumedCapacity != nil {
+					state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, d.ConsumedCapacity))
+				}
+			}
+			break
+		}
+		results = append(results, r)
+	}
+	return results, calls, nil
+}
+
+func main() {
+	var in input
+	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
+		fmt.Fprintln(os.Stderr, "allocbench: reading input:", err)
+		os.Exit(2)
+	}
+	if len(in.Nodes) == 0 {
+		fmt.Fprintln(os.Stderr, "allocbench: no nodes")
+		os.Exit(2)
+	}
+	repeat := max(in.Repeat, 1)
+	var out output
+	for range repeat {
+		start := time.Now()
+		results, calls, err := run(context.Background(), &in)
+		took := time.Since(start).Seconds()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "allocbench:", err)
+			os.Exit(1)
+		}
+		if out.Results == nil || took < out.Seconds {
+			out.Seconds = took
+		}
+		out.Results, out.AllocateCalls = results, calls
+	}
+	enc := json.NewEncoder(os.Stdout)
+	if err := enc.Encode(out); err != nil {
+		fmt.Fprintln(os.Stderr, "allocbench:", err)
+		os.Exit(1)
+	}
+}
