@@ -64,7 +64,7 @@ def test_a_plain_pod_runs_with_a_service_account_token_and_its_log_is_readable(r
     assert pod["status"]["podIP"].startswith("10.244.0.")
     mounts = pod["spec"]["containers"][0]["volumeMounts"]
     assert any(m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" for m in mounts)
-    seen = json.loads(cp.kubectl("logs", "plain").stdout.strip().splitlines()[-1])
+    seen = json.loads(images.shown_lines(cp, "plain")[-1])
     assert seen == {"devices": [], "env": {}, "mounts": []}  # no GPU asked for, none given
     cp.kubectl("delete", "pod", "plain", "--wait=true", "--timeout=60s")
 

@@ -18,6 +18,7 @@ import pytest
 
 from dra_driver.sharing.tmpfs import mount_at
 from dra_driver.simulator.tools.state import SharingState
+from tests.cluster import images
 from tests.cluster.driver import DRIVER_NAME as D
 from tests.cluster.node import Node
 from tests.polling import wait_until
@@ -96,7 +97,7 @@ def test_an_mps_claims_daemon_outlives_the_driver_pod_and_goes_with_the_claim(cl
     assert state(c).compute_mode(gpu_uuid) == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 
     # the workload: the daemon's pipe, and the claim's tmpfs as /dev/shm, the same one the host sees
-    lines = c.cp.kubectl("logs", "-n", NS, "mps-0").stdout.strip().splitlines()
+    lines = images.shown_lines(c.cp, "mps-0", NS)
     seen = json.loads(lines[-1])
     assert seen["env"]["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     assert any(m["target"] == "/tmp/nvidia-mps" for m in seen["mounts"]), seen

@@ -127,8 +127,7 @@ class Cluster:
 
     def seen(self, name: str) -> dict[str, Any]:
         """What the container printed (tests/cluster/images.py show-devices)."""
-        out = self.cp.kubectl("logs", "-n", NS, name).stdout.strip().splitlines()
-        return dict(json.loads(out[-1]))
+        return dict(json.loads(images.shown_lines(self.cp, name, NS)[-1]))
 
     def claims_of(self, pod_name: str) -> list[dict[str, Any]]:
         p = self.cp.kubectl_json("get", "pod", pod_name, "-n", NS)

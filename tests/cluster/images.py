@@ -374,3 +374,21 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def shown_lines(cp: Any, pod: str, namespace: str = "default", timeout: float = 60) -> list[str]:
+    """A workload pod's log once `show-devices` has printed its JSON line (the last one). A Running container may not
+    have written it yet, or the runtime not yet flushed it to the log the API server reads."""
+    from tests.polling import wait_until
+
+    def printed() -> list[str] | None:
+        lines = cp.kubectl("logs", "-n", namespace, pod, check=False).stdout.strip().splitlines()
+        if not lines:
+            return None
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            return None
+        return list(lines)
+
+    return list(wait_until(f"pod {namespace}/{pod} printed what it sees", printed, timeout=timeout))
