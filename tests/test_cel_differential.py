@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -23,6 +21,7 @@ from tests.cel_corpus.devices import DEFAULT_DEVICES, named_devices
 from tests.cel_corpus.generator import ATOMS, generate
 from tests.cel_corpus.handwritten import cases as handwritten
 from tests.cel_corpus.runner import Case, Outcome, Report, compare, kubernetes, ours
+from tests.test_cel_ext_support import celeval_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRE = os.environ.get("DRA_K8S_REQUIRE") == "1"
@@ -36,16 +35,8 @@ BASELINE_GENERATED: Final = 1.0  # 3000/3000 (was 2092/3000)
 
 @pytest.fixture(scope="module")
 def celeval() -> Path:
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").is_file():
-        if REQUIRE:
-            pytest.fail("DRA_K8S_REQUIRE=1 but no Go toolchain to build tools/celeval")
-        pytest.skip("no Go toolchain to build tools/celeval")
-    env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/local/go/bin"}
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "build-celeval.sh")], capture_output=True, text=True, timeout=1800, env=env, check=False
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return Path(out.stdout.strip().splitlines()[-1])
+    """tools/celeval, built once per session (skips without Go unless DRA_K8S_REQUIRE=1)."""
+    return celeval_binary()
 
 
 def handwritten_cases() -> list[Case]:
