@@ -317,8 +317,8 @@ class MpsPods:
             try:
                 pod = self._get(name, deadline)
             except MpsDaemonError as e:
-                if seen is None or time_left(deadline) > self.request_timeout:
-                    raise
+                if seen is None or time_left(deadline) > MIN_READ_S:
+                    raise  # not the deadline: the API server's own error says what is wrong
                 # The read ran into the deadline: what the pod was last seen waiting for says more than the timeout.
                 raise MpsDaemonError(
                     f"MPS control daemon pod {self.namespace}/{name} not ready (deadline exceeded): {_state(seen)}"
