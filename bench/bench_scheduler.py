@@ -102,9 +102,7 @@ class Metrics:
     """The scheduler's /metrics, read with a service account token allowed to (delegated authn/authz)."""
 
     def __init__(self, cp: ControlPlane) -> None:
-        command = cp._component("kube-scheduler").command  # its port is not exposed otherwise
-        port = next(a.split("=", 1)[1] for a in command if a.startswith("--secure-port="))
-        self.url = f"https://127.0.0.1:{port}/metrics"
+        self.url = f"https://127.0.0.1:{cp.scheduler_port}/metrics"
         rbac = [
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bench-metrics", "namespace": NS}},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "bench-metrics"},

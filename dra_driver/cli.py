@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dra_driver.allocation.cli import add_subcommand as add_simulate_subcommand
 from dra_driver.cel.cli import add_subcommand as add_cel_subcommand
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
@@ -110,6 +108,8 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps({"apiVersion": "v1", "kind": "List", "items": [s.to_api() for s in slices]}, indent=2))
     elif args.output == "yaml":
+        import yaml  # only here: `dra-driver plugin` starts faster without it
+
         print(yaml.safe_dump_all([s.to_api() for s in slices], sort_keys=False), end="")
     elif args.output == "inventory":
         print(inv.model_dump_json(indent=2))

@@ -10,6 +10,7 @@ health from the plugin's `v1alpha1.DRAResourceHealth` stream. Every XID is count
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -17,13 +18,15 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, start_http_server
 
+from dra_driver import memory
 from dra_driver.health import ClaimStatusReporter, HealthAdminServer, HealthMonitor, publishable
 from dra_driver.health.admin import SOCKET_NAME
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
+from dra_driver.kube.rest import KubeRest, connect
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
 from dra_driver.plugin.checkpoint import current_boot_id
@@ -65,29 +68,13 @@ def serve_metrics(port: int, address: str) -> WSGIServer:
     return server
 
 
-def server_minor(api_client: Any) -> str:
-    """`1.<minor>` of the API server, for the slice layout and limits."""
-    from kubernetes import client
-
-    info = client.VersionApi(api_client).get_code()
-    return f"{info.major}.{str(info.minor).rstrip('+')}"
-
-
-def kube_api_client(kubeconfig: Path | None) -> Any:
-    from kubernetes import client, config
-
-    if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig))
-    config.load_incluster_config()
-    return client.ApiClient()
-
-
 def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None = None) -> None:
     """Serves the kubelet as soon as the driver has recovered; the publisher, health and telemetry start after
     (their modules are imported only then): start to serving is what a restarted plugin's prepares wait for."""
     stop = stop or threading.Event()
+    memory.limit_arenas()  # before any thread starts: see dra_driver.memory
     settings = options.settings
-    api = kube_api_client(options.kubeconfig)
+    api = connect(options.kubeconfig)  # no official client: it would cost start-up time (dra_driver.kube)
     # MPS daemons in pods of their own and tmpfs shm, as the chart configures them (else the plugin's children)
     mps_pods, shm = mps_from_environment(
         api,
@@ -143,7 +130,7 @@ def _run_served(
     options: DaemonOptions,
     source: NvmlSource,
     stop: threading.Event,
-    api: Any,
+    api: KubeRest,
     driver: Driver,
     server: PluginServer,
     taints: list[Callable[[], dict[str, list[DeviceTaint]]]],
@@ -157,7 +144,7 @@ def _run_served(
     from dra_driver.telemetry import ReservedPods, register_gpu_metrics
 
     settings = options.settings
-    version = options.k8s_version or server_minor(api)
+    version = options.k8s_version or api.version(timeout=API_TIMEOUT_SECONDS)
     # Per-GPU and per-MIG telemetry on the metrics endpoint; `pod` from the claims' status.reservedFor.
     pods = ReservedPods(KubeClaimSource(api, request_timeout=POD_LOOKUP_TIMEOUT_SECONDS).get_claim)
     collector = register_gpu_metrics(REGISTRY, source.lib, driver, pod_of=pods)
@@ -165,10 +152,8 @@ def _run_served(
     def label_node() -> None:
         if not options.node_labels:
             return
-        from kubernetes import client
-
         try:
-            apply_node_labels(client.CoreV1Api(api), settings.pool, node_labels(driver.inventory, settings.driver))
+            apply_node_labels(api, settings.pool, node_labels(driver.inventory, settings.driver))
         except Exception as e:  # labels are a convenience: never stop the node daemon for them
             log.warning("labelling node %s failed: %s", settings.pool, e)
 
@@ -224,11 +209,19 @@ def _run_served(
     taints[0] = health.taints
     server.device_health_changed()
     log.info("plugin %s publishing pool %s for Kubernetes %s", settings.driver, settings.pool, version)
+    publisher.in_sync.wait(timeout=10)  # start-up's garbage (discovery, the first slices) exists by then
+    _release_garbage()
     while not stop.wait(options.rediscover_seconds):
         if rediscover(driver, source):
             publisher.trigger()
             server.device_health_changed()  # the device list changed
             label_node()
+        _release_garbage()
+
+
+def _release_garbage() -> None:
+    gc.collect()
+    memory.trim()
 
 
 def rediscover(driver: Driver, source: NvmlSource) -> bool:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.allocation import AllocationError, Allocator, simulate
+from dra_driver.allocation.allocator import AllocationError, Allocator
+from dra_driver.allocation.simulate import simulate
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices

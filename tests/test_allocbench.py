@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.allocation import AllocationError, Allocator
+from dra_driver.allocation.allocator import AllocationError, Allocator
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices

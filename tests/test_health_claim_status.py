@@ -9,10 +9,10 @@ from typing import Any
 
 import pynvml
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.health import ClaimStatusReporter, HealthMonitor
 from dra_driver.health.claim_status import CONDITION_TYPE, FIELD_MANAGER, device_condition
+from dra_driver.kube import ApiError
 from dra_driver.plugin.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.plugin.claims import KubeClaimSource, ResourceClaim
 from dra_driver.plugin.driver import Driver, PluginSettings
@@ -164,7 +164,7 @@ def test_a_failed_write_is_retried(world: Any) -> None:
     entries.append(e)
     r = reporter(world)
     taints["gpu-2"] = [taint("ecc", "double-bit")]
-    api.fail = ApiException(status=503, reason="Service Unavailable")
+    api.fail = ApiError("PATCH", "/x", 503, "Service Unavailable", "")
     assert r.sync_once() is False and api.conditions("c") == {}
     api.fail = None
     assert r.sync_once() is True and api.conditions("c")["gpu-2"][:2] == ("False", "ECC")
@@ -178,14 +178,14 @@ def test_a_gone_claim_is_not_retried(world: Any) -> None:
     r = reporter(world)
     taints["gpu-2"] = [taint("xid", "48")]
     # Replaced by a claim of the same name: the API server refuses the old UID.
-    api.fail = ApiException(status=422, reason="Unprocessable Entity", body=IMMUTABLE_UID)
+    api.fail = ApiError("PATCH", "/x", 422, "Unprocessable Entity", IMMUTABLE_UID)
     assert r.sync_once() is True
     api.fail = AssertionError("written again")
     assert r.sync_once() is True
     other = entry("d", "gpu-2")
     api.add(other)
     entries.append(other)
-    api.fail = ApiException(status=422, reason="Unprocessable Entity", body='{"message": "something else"}')
+    api.fail = ApiError("PATCH", "/x", 422, "Unprocessable Entity", '{"message": "something else"}')
     assert r.sync_once() is False  # another invalid answer: retried
 
 
@@ -294,7 +294,7 @@ def test_claim_status_follows_the_health_of_its_device(control_plane, tmp_path: 
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": "default", "uid": str(uuidlib.uuid4())},
                 "status": {"devices": []}}  # fmt: skip
-        with pytest.raises(ApiException) as replaced:
+        with pytest.raises(ApiError) as replaced:
             api.apply_claim_status("default", name, body, FIELD_MANAGER)
         assert replaced.value.status == 422 and '"field":"metadata.uid"' in replaced.value.body
         assert (DRIVER, "gpu-0") in _conditions(cp, name)

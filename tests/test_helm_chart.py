@@ -642,6 +642,7 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
+    from dra_driver.kube import ApiError
     from dra_driver.labels import apply_node_labels, node_labels
     from dra_driver.nvml.discovery import discover
     from dra_driver.simulator.nvml import SimulatedNvml
@@ -662,7 +663,8 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
     cp.kubectl("apply", "-f", "-", input=json.dumps(pod))
     token = cp.kubectl("create", "token", sa, "-n", ns, "--bound-object-kind", "Pod",
                        "--bound-object-name", "daemon-a").stdout.strip()  # fmt: skip
-    core = client.CoreV1Api(_token_client(cp, token))
+    token_client = _token_client(cp, token)
+    core = client.CoreV1Api(token_client)
 
     def refused(node: str, patch: dict[str, Any], dry_run: bool = False) -> str:
         """The API server's refusal of this patch by the service account ('' when it is accepted)."""
@@ -683,12 +685,12 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
         wait_until("the policy in force", lambda: only_ours in refused("labels-a", foreign_patch, dry_run=True))
         sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
         wanted = node_labels(discover(sim, sim.sysfs_root), DEFAULT_DRIVER)
-        assert apply_node_labels(core, "labels-a", wanted)  # its own node: allowed
+        assert apply_node_labels(token_client, "labels-a", wanted)  # its own node: allowed
         assert {k: v for k, v in labels("labels-a").items() if k.startswith(f"{DEFAULT_DRIVER}/")} == wanted
         assert {k: labels("labels-a")[k] for k in foreign} == foreign
 
-        with pytest.raises(ApiException) as other_node:
-            apply_node_labels(core, "labels-b", wanted)
+        with pytest.raises(ApiError) as other_node:
+            apply_node_labels(token_client, "labels-b", wanted)
         assert other_node.value.status == 403 and "may only label node labels-a, not node labels-b" in str(
             other_node.value.body
         )
@@ -707,7 +709,7 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
         assert refused("labels-a", {"status": {"capacity": {"cpu": "1"}}}) == ""
         assert cp.kubectl_json("get", "node", "labels-a")["status"]["capacity"]["cpu"] == "100"
         # removing its own labels (the driver going away) is allowed
-        apply_node_labels(core, "labels-a", {}, domain=DEFAULT_DRIVER)
+        apply_node_labels(token_client, "labels-a", {}, domain=DEFAULT_DRIVER)
         assert not [k for k in labels("labels-a") if k.startswith(f"{DEFAULT_DRIVER}/")]
 
         # without the node-labels binding (nodeLabels.enabled=false) RBAC refuses the patch outright

@@ -80,16 +80,14 @@ def test_apply_refuses_foreign_keys() -> None:
 
 
 def test_apply_node_labels_against_the_api_server(control_plane: Any, tmp_path: Path) -> None:
-    from kubernetes import client
-
-    from dra_driver.daemon import kube_api_client
+    from dra_driver.kube import connect
 
     name = "labels-node-1"
     control_plane.create_node(
         name, labels={"team.example.com/owner": "ml", f"{D}/stale-key": "1", "nvidia.com/gpu.present": "true"}
     )
     try:
-        api = client.CoreV1Api(kube_api_client(control_plane.kubeconfig))
+        api = connect(control_plane.kubeconfig)
 
         def node_labels_now() -> dict[str, str]:
             return dict(control_plane.kubectl_json("get", "node", name)["metadata"]["labels"])

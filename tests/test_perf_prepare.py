@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import threading
 import time
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from dra_driver.plugin import checkpoint as checkpoint_module
 from dra_driver.plugin import driver as driver_module
+from dra_driver.plugin.checkpoint import Checkpoint
 from dra_driver.plugin.claims import DeviceClass, KubeClaimSource, ResourceClaim
 from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
 from dra_driver.plugin.driver import Driver, PluginSettings
@@ -244,3 +247,47 @@ def test_n_prepares_of_one_class_do_no_deviceclass_get_against_a_real_api_server
         for c in created:
             control_plane.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
         control_plane.kubectl("delete", "deviceclass", name, "--ignore-not-found")
+
+
+def test_a_plugin_process_reads_the_checkpoint_again_only_when_the_other_one_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two plugin processes on one node (a rolling update) share the checkpoint: each sees the other's claims, and
+    neither parses the file again when nobody else wrote it."""
+    node = Node(tmp_path)
+    a, b = node.driver(), node.driver()
+    x, y = claim(["gpu-1"]), claim(["gpu-1"])
+    node.add(x, y)
+    assert not a.prepare([ref(x)])[ref(x).uid].error
+    assert "which claim" in b.prepare([ref(y)])[ref(y).uid].error  # b read a's write: gpu-1 is held
+    loads = []
+    original = Checkpoint._load
+    monkeypatch.setattr(Checkpoint, "_load", lambda self: loads.append(1) or original(self))
+    a.prepare([ref(x)])  # idempotent, a's own file: not read again
+    assert loads == []
+    assert a.unprepare([ref(x)]) == {ref(x).uid: ""}
+    assert not b.prepare([ref(y)])[ref(y).uid].error  # b reads a's unprepare
+    assert loads == [1]
+
+
+def test_a_checkpoint_write_that_failed_is_not_kept_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk fails a prepare's checkpoint writes and its undo's: what the plugin remembers is what the disk
+    says, so once space is back the GPU is free for the next claim."""
+    node = Node(tmp_path)
+    d = node.driver()
+    x, y, other = claim(["gpu-1"]), claim(["gpu-1"]), claim(["gpu-2"])
+    node.add(x, y, other)
+    assert not d.prepare([ref(other)])[ref(other).uid].error  # the checkpoint file exists
+    real_replace = checkpoint_module.os.replace
+    full = [True]
+
+    def replace(src: Any, dst: Any) -> None:
+        if full[0] and str(dst).endswith("checkpoint.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", replace)
+    assert "No space left" in d.prepare([ref(x)])[ref(x).uid].error
+    full[0] = False
+    assert not d.prepare([ref(y)])[ref(y).uid].error
+    assert set(json.loads(d.checkpoint.path.read_text())["data"]["claims"]) == {ref(other).uid, ref(y).uid}

@@ -217,6 +217,23 @@ def test_checkpoint_from_another_boot_leaves_mig_off(node: Node) -> None:
     assert node.sim.store.read().gpus[0].mig_current == 0  # Hopper: MIG off again, as an unprepare leaves it
 
 
+def test_a_checkpoint_torn_by_a_node_crash_is_set_aside_after_the_reboot(node: Node) -> None:
+    """Checkpoint writes are not fsynced: only a crash of the node can tear one, and then the node reboots. An
+    unreadable checkpoint written before this boot is a previous boot's: moved aside, the plugin starts with no
+    claims (a MIG device the old claim carved is gone with the reboot; here the simulator still has it, and the
+    orphan sweep removes it). One written during this boot is still refused (test_plugin_driver)."""
+    c = claim([A_DEVICE], device_class="mig")
+    node.add(c)
+    node.driver(boot_id="boot-1").prepare([ref(c)])
+    path = node.plugin_dir / "checkpoint.json"
+    path.write_bytes(path.read_bytes()[:40])  # the power went while the page cache was written back
+    os.utime(path, (1_000_000, 1_000_000))  # 1970: before this boot
+    d = node.driver(boot_id="boot-2")
+    assert d.checkpoint.claims == {}
+    assert (node.plugin_dir / "checkpoint.json.previous-boot").read_bytes().startswith(b'{"version"')
+    assert node.mig_instances() == [] and node.cdi_files() == []
+
+
 def _rewrite(path: Path, edit: Any) -> None:
     doc = json.loads(path.read_text())
     edit(doc)

@@ -26,7 +26,15 @@ from dra_driver.allocation.model import (
     DeviceSelector,
     ResourceClaim,
 )
-from dra_driver.allocation.pools import Node, Pool, PoolDevice, device_visible, gather_pools
+from dra_driver.allocation.pools import (
+    Node,
+    ParsedSlice,
+    Pool,
+    PoolDevice,
+    device_visible,
+    gather_pools,
+    parse_slice,
+)
 from dra_driver.allocation.quantities import format_quantity
 from dra_driver.allocation.requests import MAX_RESULTS, ClaimData, RequestData
 from dra_driver.allocation.state import AllocatedState, DeviceKey, allocated_state
@@ -77,6 +85,9 @@ class Allocator:
         self.state: AllocatedState = allocated_state(allocated)
         self.share_id = share_id or (lambda: str(uuid.uuid4()))
         self.max_steps = max_steps
+        # each slice parsed once, not once per node tried: the slices are fixed, their devices shared by every
+        # search (and with them each device's CEL values, converted at most once)
+        self._parsed: dict[int, ParsedSlice] = {}
 
     # ---- setup ----------------------------------------------------------------------------------------------
 
@@ -90,7 +101,13 @@ class Allocator:
         return names
 
     def pools(self, node: Node | None) -> list[Pool]:
-        return gather_pools(self.slices, node)
+        return gather_pools(self.slices, node, self._parse)
+
+    def _parse(self, s: dict[str, Any]) -> ParsedSlice:
+        got = self._parsed.get(id(s))  # self.slices holds every slice: ids are stable
+        if got is None:
+            got = self._parsed[id(s)] = parse_slice(s)
+        return got
 
     def claim_data(self, claims: Sequence[ResourceClaim], pools: list[Pool], search: _Search) -> list[ClaimData]:
         out: list[ClaimData] = []

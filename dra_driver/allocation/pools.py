@@ -6,7 +6,7 @@ device name repeats. Devices are flattened in slice order, which is the allocato
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -164,8 +164,25 @@ def _device(spec: dict[str, Any], slice_name: str, raw: dict[str, Any]) -> PoolD
     )
 
 
-def gather_pools(slices: Iterable[dict[str, Any]], node: Node | None) -> list[Pool]:
-    """Pools in first-seen slice order, each with the slices of its highest generation that the node sees."""
+# A slice's shared counter sets and devices, parsed (quantities are exact Fractions)
+ParsedSlice = tuple[dict[str, dict[str, Fraction]], list[PoolDevice]]
+
+
+def parse_slice(s: dict[str, Any]) -> ParsedSlice:
+    spec = s["spec"]
+    name = str((s.get("metadata") or {}).get("name", ""))
+    counters = {
+        str(cs["name"]): {n: parse(v["value"]) for n, v in (cs.get("counters") or {}).items()}
+        for cs in spec.get("sharedCounters") or []
+    }
+    return counters, [_device(spec, name, raw) for raw in spec.get("devices") or []]
+
+
+def gather_pools(
+    slices: Iterable[dict[str, Any]], node: Node | None, parsed: Callable[[dict[str, Any]], ParsedSlice] = parse_slice
+) -> list[Pool]:
+    """Pools in first-seen slice order, each with the slices of its highest generation that the node sees.
+    `parsed`: a slice's counters and devices (an Allocator remembers them: its slices do not change)."""
     pools: dict[tuple[str, str], Pool] = {}
     for s in slices:
         spec = s.get("spec") or {}
@@ -182,7 +199,7 @@ def gather_pools(slices: Iterable[dict[str, Any]], node: Node | None) -> list[Po
             continue
         pool.slices.append(s)
     for pool in pools.values():
-        _fill(pool)
+        _fill(pool, parsed)
     return list(pools.values())
 
 
@@ -192,16 +209,13 @@ def _replace(old: Pool, fresh: Pool) -> Pool:
     return old
 
 
-def _fill(pool: Pool) -> None:
+def _fill(pool: Pool, parsed: Callable[[dict[str, Any]], ParsedSlice]) -> None:
     pool.incomplete = len(pool.slices) < pool.slice_count
     seen: set[str] = set()
     for s in pool.slices:
-        spec = s["spec"]
-        name = str((s.get("metadata") or {}).get("name", ""))
-        for cs in spec.get("sharedCounters") or []:
-            pool.counters[str(cs["name"])] = {n: parse(v["value"]) for n, v in (cs.get("counters") or {}).items()}
-        for raw in spec.get("devices") or []:
-            dev = _device(spec, name, raw)
+        counters, devices = parsed(s)
+        pool.counters.update(counters)
+        for dev in devices:
             if dev.name in seen:
                 pool.invalid_reason = f"duplicate device name {dev.name}"
             seen.add(dev.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 
 from dra_driver.cel.quantity import QuantityError, parse_quantity
@@ -13,7 +14,12 @@ _BINARY = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 def parse(text: object) -> Fraction:
     """A quantity (string or int) to its exact value; `QuantityError` on bad input."""
-    return parse_quantity(str(text))
+    return _parse(str(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> Fraction:  # a fleet spells the same few quantities thousands of times; Fractions are immutable
+    return parse_quantity(text)
 
 
 def format_quantity(value: Fraction) -> str:

@@ -130,4 +130,5 @@ def claim_spec(
 def _with_common(common: ContainerEdits | None, visible: str) -> ContainerEdits:
     if common is None:
         return ContainerEdits(env=[visible])
-    return common.model_copy(update={"env": [*(common.env or []), visible]}, deep=True)
+    # shallow: specs are built, written and dropped, never modified, so they may share `common`'s lists
+    return common.model_copy(update={"env": [*(common.env or []), visible]})

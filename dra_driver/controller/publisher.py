@@ -16,9 +16,10 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from dra_driver.controller.metrics import PublisherMetrics
+from dra_driver.kube.rest import ApiError, Watch, as_rest, path_of
 from dra_driver.slices.model import ResourceSlice
 
 log = logging.getLogger(__name__)
@@ -66,17 +67,15 @@ class Publisher:
         backoff_max: float = 30.0,
         metrics: PublisherMetrics | None = None,
     ) -> None:
-        from kubernetes import client
-
-        self._objects = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
+        self._rest = as_rest(api_client)  # a KubeRest or an official-client ApiClient
+        self._path = path_of(GROUP, VERSION, PLURAL)
         self.node_name = node_name
         self.driver = driver
         self._desired = desired
         self._selector = f"spec.driver={driver},spec.nodeName={node_name}"
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._current_watch: Any = None
+        self._current_watch: Watch | None = None
         self._threads: list[threading.Thread] = []
         self._backoff = (backoff_initial, backoff_max)
         self._node_uid: str | None = None
@@ -86,27 +85,30 @@ class Publisher:
         self.last_error: str | None = None
 
     # ----- API calls, counted --------------------------------------------------------------------------------
-    def _call(self, verb: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    _METHODS: Final = {"get": "GET", "list": "GET", "create": "POST", "replace": "PUT", "delete": "DELETE"}
+
+    def _call(self, verb: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
         self.stats.requests += 1
         self.stats.by_verb[verb] = self.stats.by_verb.get(verb, 0) + 1
         self.metrics.api_requests.labels(verb=verb).inc()
         if verb in ("create", "replace", "delete"):
             self.stats.writes += 1
-        return fn(*args, **kwargs, _request_timeout=10)
+        return self._rest.request(self._METHODS[verb], path, query=query, body=body, timeout=10)
 
     def _list(self) -> list[dict[str, Any]]:
-        got = self._call(
-            "list", self._objects.list_cluster_custom_object, GROUP, VERSION, PLURAL, field_selector=self._selector
-        )
-        return list(got.get("items", []))
+        got = self._call("list", self._path, query={"fieldSelector": self._selector})
+        return list(got.get("items") or [])
+
+    def _slice(self, name: str) -> str:
+        return path_of(GROUP, VERSION, PLURAL, name)
 
     # ----- reconcile -----------------------------------------------------------------------------------------
     def sync_once(self) -> bool:
         """One reconcile pass. True when it changed something."""
         self.stats.syncs += 1
         if self._node_uid is None:
-            node = self._call("get", self._core.read_node, self.node_name)
-            self._node_uid = node.metadata.uid
+            node = self._call("get", path_of("", "v1", "nodes", self.node_name))
+            self._node_uid = str(node["metadata"]["uid"])
         existing = self._list()
         generation = max((int(o["spec"]["pool"].get("generation", 0)) for o in existing), default=0)
         desired = [s.to_api() for s in self._desired(generation or 1, self._node_uid)]
@@ -122,12 +124,12 @@ class Publisher:
             name = d["metadata"]["name"]
             if name in by_name:
                 d["metadata"]["resourceVersion"] = by_name[name]["metadata"]["resourceVersion"]
-                self._call("replace", self._objects.replace_cluster_custom_object, GROUP, VERSION, PLURAL, name, d)
+                self._call("replace", self._slice(name), d)
             else:
-                self._call("create", self._objects.create_cluster_custom_object, GROUP, VERSION, PLURAL, d)
+                self._call("create", self._path, d)
             by_name.pop(name, None)
         for name in by_name:  # old generations and slices beyond the new count, after the new pool is complete
-            self._call("delete", self._objects.delete_cluster_custom_object, GROUP, VERSION, PLURAL, name)
+            self._call("delete", self._slice(name))
         self.metrics.devices.set(sum(len(d["spec"].get("devices") or []) for d in desired))
         self.metrics.generation.set(new_generation)
         log.info("published pool %s generation %d", self.node_name, new_generation)
@@ -139,8 +141,6 @@ class Publisher:
         self._wake.set()
 
     def _loop(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         delay = self._backoff[0]
         while not self._stop.is_set():
             self._wake.clear()
@@ -152,7 +152,7 @@ class Publisher:
                 self.in_sync.set()
                 delay = self._backoff[0]
                 self._wake.wait()
-            except (ApiException, OSError, ValueError) as e:  # API down, conflict, timeout: retry
+            except (ApiError, OSError, ValueError) as e:  # API down, conflict, timeout: retry
                 self.stats.errors += 1
                 self.metrics.publishes.labels(result="error").inc()
                 self.in_sync.clear()
@@ -170,23 +170,17 @@ class Publisher:
                 delay = min(delay * 2, self._backoff[1])
 
     def _watch(self) -> None:
-        from kubernetes import watch
-
         delay = self._backoff[0]
         while not self._stop.is_set():
-            w = self._current_watch = watch.Watch()
+            w: Watch | None = None
             try:
-                for event in w.stream(
-                    self._objects.list_cluster_custom_object,
-                    GROUP,
-                    VERSION,
-                    PLURAL,
-                    field_selector=self._selector,
-                    timeout_seconds=30,
-                ):
+                w = self._current_watch = self._rest.watch(self._path, seconds=30, fieldSelector=self._selector)
+                if self._stop.is_set():  # stop() ran before this watch existed
+                    break
+                for kind, _ in w:
                     if self._stop.is_set():
                         break
-                    if event["type"] in ("DELETED", "MODIFIED", "ADDED"):
+                    if kind in ("DELETED", "MODIFIED", "ADDED"):
                         self._wake.set()  # the reconcile compares content: our own writes cost one list
                 delay = self._backoff[0]
             except Exception as e:
@@ -194,7 +188,8 @@ class Publisher:
                 self._stop.wait(random.uniform(0, delay))
                 delay = min(delay * 2, self._backoff[1])
             finally:
-                w.stop()
+                if w is not None:
+                    w.stop()
 
     def start(self) -> None:
         for target in (self._loop, self._watch):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from dra_driver.kube.rest import as_rest, path_of
 from dra_driver.nvml.inventory import Inventory
 
 _INVALID = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -65,21 +66,24 @@ def _domain_of(labels: dict[str, str]) -> str:
 
 
 def apply_node_labels(
-    core_v1_api: Any, node_name: str, labels: dict[str, str], *, domain: str | None = None
+    api: Any, node_name: str, labels: dict[str, str], *, domain: str | None = None
 ) -> dict[str, str | None]:
     """Make the node's labels in our domain exactly `labels`: add and update those, remove our other ones, and
     leave every label outside the domain alone. The domain is the keys' common prefix (pass `domain` when
-    `labels` is empty). Returns the merge patch applied ({} when nothing changed; None values remove)."""
+    `labels` is empty). Returns the merge patch applied ({} when nothing changed; None values remove).
+    `api`: a KubeRest or an official-client ApiClient; the API server's refusal raises `dra_driver.kube.ApiError`."""
     dom = domain or _domain_of(labels)
     prefix = f"{dom}/"
     foreign = [k for k in labels if not k.startswith(prefix)]
     if foreign:
         raise ValueError(f"labels outside {dom}: {foreign}")
-    node = core_v1_api.read_node(node_name)
-    current: dict[str, str] = dict(node.metadata.labels or {})
+    rest = as_rest(api)
+    path = path_of("", "v1", "nodes", node_name)
+    node = rest.get(path)
+    current: dict[str, str] = dict(node["metadata"].get("labels") or {})
     patch: dict[str, str | None] = {k: v for k, v in labels.items() if current.get(k) != v}
     patch.update({k: None for k in current if k.startswith(prefix) and k not in labels})
     if patch:
         # A JSON merge patch of metadata.labels: keys not named in it are kept as they are.
-        core_v1_api.patch_node(node_name, {"metadata": {"labels": patch}})
+        rest.request("PATCH", path, body={"metadata": {"labels": patch}}, content_type="application/merge-patch+json")
     return patch

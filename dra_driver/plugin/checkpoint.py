@@ -4,7 +4,11 @@ A claim goes PrepareStarted -> PrepareCompleted -> UnprepareStarted -> (dropped)
 PrepareStarted -> UnprepareStarted -> (dropped). Each device records the MIG device it carved (with its UUID, so
 that a reused GPU instance id is never mistaken for it) and, once torn down, `released`.
 
-Written atomically (temp file, fsync, rename, fsync of the directory), readable by root only. The checksum covers
+Written atomically (temp file, rename), readable by root only, and never fsynced: a killed process leaves its
+writes in the page cache, and only a crash of the node itself (power loss, kernel panic) can lose or tear them, after
+which the node reboots and a previous boot's claims are forgotten anyway; an unreadable file written before the boot
+is moved aside (`checkpoint.json.previous-boot`) instead of stopping the plugin. An fsync per state change would
+cost more than the rest of a prepare on a node whose disk the workloads keep busy. The checksum covers
 the stored JSON as written, not a re-encoding of it. Fields this version does not know are kept and written back
 unchanged; a file of a newer format version is refused, never rewritten in an older one. A file that fails its
 checksum or does not parse is reported and left untouched, never silently replaced.
@@ -78,6 +82,14 @@ def _checksum(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _written_before_boot(path: Path, stat_file: Path = Path("/proc/stat")) -> bool:
+    try:
+        booted = next(int(line.split()[1]) for line in stat_file.read_text().splitlines() if line.startswith("btime "))
+        return path.stat().st_mtime < booted
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False  # cannot tell: refuse, as for any unreadable checkpoint
+
+
 def current_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
     try:
         return path.read_text().strip()
@@ -85,13 +97,49 @@ def current_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str
         return "unknown"
 
 
+_UNSAVED: tuple[int, ...] = (-1,)
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """What changes whenever the file is replaced or written (every save replaces it: a new inode)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class Checkpoint:
     def __init__(self, path: Path, boot_id: str) -> None:
         self.path = path
         self.boot_id = boot_id
+        self._seen = _identity(path)
         self.data = self._load()
 
+    def refresh(self) -> None:
+        """Read the file again if another process (the other pod of a rolling update) replaced it since this one
+        last read or wrote it; parsing and checking it on every prepare would cost more than the prepare."""
+        seen = _identity(self.path)
+        if seen is None or seen != self._seen:
+            self._seen = seen
+            self.data = self._load()
+
     def _load(self) -> CheckpointData:
+        try:
+            return self._parse()
+        except CheckpointVersionError:
+            raise
+        except CheckpointCorruptError as e:
+            if not _written_before_boot(self.path):
+                raise
+            # Only a crash of the node (power loss, kernel panic) tears a file written by rename, and the node has
+            # rebooted since: this is a previous boot's checkpoint, whose claims are forgotten anyway.
+            aside = self.path.with_name(self.path.name + ".previous-boot")
+            log.warning("%s; it was written before this boot: moved to %s, no claim is prepared", e, aside)
+            os.replace(self.path, aside)
+            return CheckpointData(boot_id=self.boot_id)
+
+    def _parse(self) -> CheckpointData:
         if not self.path.exists():
             return CheckpointData(boot_id=self.boot_id)
         raw = self.path.read_bytes()
@@ -135,20 +183,16 @@ class Checkpoint:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-            with open(fd, "w") as f:
+            with open(fd, "wb") as f:
                 os.fchmod(f.fileno(), FILE_MODE)  # a leftover temp file may have had another mode
-                json.dump(doc, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
+                # compact: json's C encoder (indent would take the pure-Python one, most of a prepare's CPU)
+                f.write(json.dumps(doc, separators=(",", ":")).encode())
             os.replace(tmp, self.path)
+            self._seen = _identity(self.path)
         except BaseException:
+            self._seen = _UNSAVED  # what is in memory is not on disk: the next refresh reads the disk again
             tmp.unlink(missing_ok=True)  # a full disk must not leave the partial file behind
             raise
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     @property
     def claims(self) -> dict[str, ClaimEntry]:

@@ -6,16 +6,11 @@ validated these objects, and newer API versions add fields.
 
 from __future__ import annotations
 
-import copy
-from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
-from urllib3 import BaseHTTPResponse
-from urllib3.connectionpool import ConnectionPool
-from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
-from urllib3.util.retry import Retry
 
+from dra_driver.kube.rest import as_rest, path_of
 from dra_driver.plugin.types import time_left
 
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
@@ -204,68 +199,35 @@ class StaticClaimSource:
             raise LookupError(f"deviceclasses.resource.k8s.io {name!r} not found") from None
 
 
-class _TimeoutsNotRetried(Retry):
-    """urllib3's retries, except after a timeout: a retry would start the timeout over (a GET that times out
-    would take four times its timeout)."""
-
-    def increment(
-        self,
-        method: str | None = None,
-        url: str | None = None,
-        response: BaseHTTPResponse | None = None,
-        error: Exception | None = None,
-        _pool: ConnectionPool | None = None,
-        _stacktrace: TracebackType | None = None,
-    ) -> Self:
-        if isinstance(error, Urllib3TimeoutError):
-            raise error
-        return super().increment(method, url, response, error, _pool, _stacktrace)
-
-
 class KubeClaimSource:
-    """Reads through the official Kubernetes client (resource.k8s.io/v1); `request_timeout` (seconds) bounds
-    each request (None: the client's default, no limit), a per-read `timeout` can shorten it. A timed-out request
-    is not retried (its own client, a copy of `api_client`'s configuration)."""
+    """Reads from the API server (resource.k8s.io/v1) through `dra_driver.kube`; `api` is a KubeRest or an
+    official-client ApiClient. `request_timeout` (seconds) bounds each request (None: the client's limit), a
+    per-read `timeout` can shorten it. A timed-out request is not retried."""
 
-    def __init__(self, api_client: Any, request_timeout: float | None = None) -> None:
-        from kubernetes import client
-
-        configuration = copy.deepcopy(api_client.configuration)
-        if configuration.retries is None or isinstance(configuration.retries, int):
-            configuration.retries = _TimeoutsNotRetried(3 if configuration.retries is None else configuration.retries)
-        self._api = client.CustomObjectsApi(client.ApiClient(configuration))
+    def __init__(self, api: Any, request_timeout: float | None = None) -> None:
+        self._rest = as_rest(api)
         self._request_timeout = request_timeout
-        self._timeout: dict[str, Any] = self._timeout_kwargs(None)
 
-    def _timeout_kwargs(self, timeout: float | None) -> dict[str, Any]:
+    def _timeout(self, timeout: float | None) -> float | None:
         limits = [t for t in (timeout, self._request_timeout) if t is not None]
-        # the client ignores a zero timeout (none at all): never pass one
-        return {"_request_timeout": max(min(limits), 0.001)} if limits else {}
+        return min(limits) if limits else None
 
     def get_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> ResourceClaim:
-        obj = self._api.get_namespaced_custom_object(
-            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name, **self._timeout_kwargs(timeout)
-        )
-        return ResourceClaim.model_validate(obj)
+        path = path_of(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace)
+        return ResourceClaim.model_validate(self._rest.get(path, timeout=self._timeout(timeout)))
 
     def get_device_class(self, name: str, *, timeout: float | None = None) -> DeviceClass:
-        obj = self._api.get_cluster_custom_object(
-            RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name, **self._timeout_kwargs(timeout)
-        )
-        return DeviceClass.model_validate(obj)
+        path = path_of(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name)
+        return DeviceClass.model_validate(self._rest.get(path, timeout=self._timeout(timeout)))
 
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any], field_manager: str) -> None:
         """Server-side apply of `body` (a ResourceClaim apply configuration) to the claim's status subresource:
         only the fields `field_manager` applies are changed or owned; other writers' fields are left alone."""
-        self._api.patch_namespaced_custom_object_status(
-            RESOURCE_GROUP,
-            RESOURCE_VERSION,
-            namespace,
-            "resourceclaims",
-            name,
-            body,
-            field_manager=field_manager,
-            force=True,
-            _content_type="application/apply-patch+yaml",
-            **self._timeout,
+        self._rest.request(
+            "PATCH",
+            path_of(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace, "status"),
+            query={"fieldManager": field_manager, "force": "true"},
+            body=body,  # JSON is YAML
+            content_type="application/apply-patch+yaml",
+            timeout=self._timeout(None),
         )

@@ -16,6 +16,7 @@ import logging
 import threading
 from typing import Any, Protocol
 
+from dra_driver.kube.rest import as_rest, path_of
 from dra_driver.plugin.claims import RESOURCE_GROUP, RESOURCE_VERSION, ClaimSource, DeviceClass, ResourceClaim
 
 log = logging.getLogger(__name__)
@@ -37,41 +38,28 @@ class ClassWatch(Protocol):
 
 
 class KubeClassWatch:
-    """List and watch deviceclasses through the Kubernetes client, every call with a timeout."""
+    """List and watch deviceclasses through `dra_driver.kube` (`api`: a KubeRest or an official-client ApiClient),
+    every call with a timeout."""
 
-    def __init__(self, api_client: Any, watch_seconds: int = WATCH_SECONDS) -> None:
-        from kubernetes import client
-
-        self._api = client.CustomObjectsApi(api_client)
+    def __init__(self, api: Any, watch_seconds: int = WATCH_SECONDS) -> None:
+        self._rest = as_rest(api)
         self._seconds = watch_seconds
+        self._path = path_of(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses")
 
     def list(self) -> tuple[list[dict[str, Any]], str]:
-        got: Any = self._api.list_cluster_custom_object(
-            RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", _request_timeout=LIST_TIMEOUT_S
-        )
-        return list(got.get("items", [])), str(got["metadata"]["resourceVersion"])
+        got: Any = self._rest.get(self._path, timeout=LIST_TIMEOUT_S)
+        return list(got.get("items") or []), str(got["metadata"]["resourceVersion"])
 
     def watch(self, resource_version: str, stop: threading.Event) -> Any:
-        from kubernetes import watch
-
-        module: Any = watch  # the client is untyped
-        w = module.Watch()
-        for event in w.stream(
-            self._api.list_cluster_custom_object,
-            RESOURCE_GROUP,
-            RESOURCE_VERSION,
-            "deviceclasses",
-            resource_version=resource_version,
-            timeout_seconds=self._seconds,  # the server ends the watch; the read timeout catches a dead link
-            _request_timeout=self._seconds + 30,
-        ):
-            if stop.is_set():
-                w.stop()
-                return
-            kind, obj = event["type"], event["raw_object"]
-            if kind == "ERROR":  # e.g. 410 Gone: the resourceVersion is too old; relist
-                raise RuntimeError(f"deviceclass watch: {obj.get('message', obj)}")
-            yield kind, obj
+        # the server ends the watch after `seconds`; a read waits 30 s longer for a dead link
+        events = self._rest.watch(self._path, resource_version=resource_version, seconds=self._seconds)
+        try:
+            for kind, obj in events:  # an ERROR event (410 Gone: too old a version) raises: the caller relists
+                if stop.is_set():
+                    return
+                yield kind, obj
+        finally:
+            events.stop()
 
 
 class DeviceClassCache:

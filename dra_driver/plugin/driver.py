@@ -205,7 +205,7 @@ class Driver:
                 try:
                     # Another process (the other pod of a rolling update) may have changed the checkpoint.
                     if hasattr(self, "checkpoint"):
-                        self.checkpoint = Checkpoint(self.checkpoint.path, self._boot_id)
+                        self.checkpoint.refresh()
                     yield
                 finally:
                     fcntl.flock(f, fcntl.LOCK_UN)
@@ -498,6 +498,7 @@ class Driver:
             if d.mig is not None and not d.released
         }
         gpus: set[str] = set()
+        mig_released = False
         try:
             for d in entry.devices:
                 cat = self.catalog.get(d.device)
@@ -508,6 +509,8 @@ class Driver:
                 if d.released or d.admin_access:  # admin access never destroys the partition it shares
                     d.released = True
                     continue
+                if d.mig is not None or (cat is not None and cat.profile is not None):
+                    mig_released = True
                 destroyed = False  # a whole GPU, or a MIG device already gone
                 if d.mig is not None:
                     destroyed = destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
@@ -518,7 +521,10 @@ class Driver:
                     crashpoints.reached("unprepare.mig-destroyed")
                 d.released = True
         finally:
-            self.checkpoint.put(entry)
+            # Only a MIG device's release needs recording (its ids are reused once it is gone); a whole GPU holds
+            # nothing on the node once sharing is undone, and a crash before the entry is dropped repeats this.
+            if mig_released:
+                self.checkpoint.put(entry)
         crashpoints.reached("unprepare.released-recorded")
         for uuid in sorted(gpus):
             self._restore_mig_mode(uuid)

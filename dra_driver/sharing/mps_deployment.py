@@ -25,19 +25,20 @@ stops the daemon) must not race a collector. The plugin stops the daemons of cla
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dra_driver.kube.rest import ApiError, KubeRest, as_rest, path_of
 from dra_driver.plugin.types import time_left
 from dra_driver.sharing.mps_control_daemon import MpsDaemonError, MpsSettings
 from dra_driver.sharing.tmpfs import ShmMounter, parse_size
@@ -97,16 +98,6 @@ def _uid_label(claim_uid: str) -> str:
     return claim_uid if _UID.match(claim_uid) else hashlib.sha256(claim_uid.encode()).hexdigest()[:32]
 
 
-def _api_error(e: Exception) -> tuple[int | None, str]:
-    status = getattr(e, "status", None)
-    body = getattr(e, "body", None)
-    try:
-        message = json.loads(body)["message"] if body else str(e)
-    except (ValueError, KeyError, TypeError):
-        message = str(body or e)
-    return (status if isinstance(status, int) else None), str(message)
-
-
 class MpsPods:
     """Starts, stops and lists this node's per-claim MPS control daemon pods (see the module doc)."""
 
@@ -124,9 +115,7 @@ class MpsPods:
         poll_s: float = POLL_S,
     ) -> None:
         """`driver_root`: the driver root as the daemon sees it (the container path of one of `mounts`)."""
-        from kubernetes import client
-
-        self.core = client.CoreV1Api(api_client)
+        self._api = api_client  # a KubeRest or an official-client ApiClient
         self.namespace, self.node_name, self.driver = namespace, node_name, driver
         self.settings, self.driver_root, self.mounts = settings, driver_root, mounts
         self.request_timeout, self.poll_s = request_timeout, poll_s
@@ -212,51 +201,46 @@ class MpsPods:
             raise MpsDaemonError(f"deadline exceeded before {what}")
         return min(self.request_timeout, left)
 
-    def _call(self, what: str, deadline: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
+    @functools.cached_property
+    def rest(self) -> KubeRest:  # at the first call: a manifest needs no API server
+        return as_rest(self._api)
 
+    def _pods(self, name: str = "") -> str:
+        return path_of("", "v1", "pods", name, self.namespace)
+
+    def _call(
+        self, what: str, deadline: float, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
+    ) -> Any:
         timeout = self._timeout(deadline, what)
         try:
-            return fn(*args, **kwargs, _request_timeout=timeout)
-        except ApiException:
+            return self.rest.request(method, path, query=query, body=body, timeout=timeout)
+        except ApiError:
             raise
         except Exception as e:  # connection refused, read timeout: the API server is down or slow
             raise MpsDaemonError(f"{what}: {type(e).__name__}: {e}") from e
 
     def _get(self, name: str, deadline: float) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            resp = self._call(
-                f"reading pod {self.namespace}/{name}",
-                deadline,
-                self.core.read_namespaced_pod,
-                name,
-                self.namespace,
-                _preload_content=False,
-            )
-        except ApiException as e:
+            pod = self._call(f"reading pod {self.namespace}/{name}", deadline, "GET", self._pods(name))
+        except ApiError as e:
             if e.status == 404:
                 return None
-            raise MpsDaemonError(f"reading pod {self.namespace}/{name}: {_api_error(e)[1]}") from e
-        return dict(json.loads(resp.data))
+            raise MpsDaemonError(f"reading pod {self.namespace}/{name}: {e.message}") from e
+        return dict(pod)
 
     def _delete(self, pod: dict[str, Any], deadline: float) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         try:
             self._call(
                 f"deleting pod {self.namespace}/{name}",
                 deadline,
-                self.core.delete_namespaced_pod,
-                name,
-                self.namespace,
+                "DELETE",
+                self._pods(name),
                 body={"preconditions": {"uid": uid}},  # that pod, not a successor of the same name
             )
-        except ApiException as e:
+        except ApiError as e:
             if e.status not in (404, 409):  # gone, or replaced already
-                raise MpsDaemonError(f"deleting pod {self.namespace}/{name}: {_api_error(e)[1]}") from e
+                raise MpsDaemonError(f"deleting pod {self.namespace}/{name}: {e.message}") from e
 
     def _wait_gone(self, name: str, uid: str, deadline: float) -> None:
         while True:
@@ -281,18 +265,15 @@ class MpsPods:
         deadline = time.monotonic() + DEFAULT_TIMEOUT_S if deadline is None else deadline
         body = self.manifest(claim_uid, mps_dir, uuids, settings)
         name, digest = body["metadata"]["name"], body["metadata"]["annotations"][self.hash_annotation]
-        from kubernetes.client.exceptions import ApiException
-
         while True:
             pod = self._get(name, deadline)
             if pod is None:
                 try:
-                    self._call(f"creating pod {self.namespace}/{name}", deadline, self.core.create_namespaced_pod,
-                               self.namespace, body)  # fmt: skip
-                except ApiException as e:
+                    self._call(f"creating pod {self.namespace}/{name}", deadline, "POST", self._pods(), body)
+                except ApiError as e:
                     if e.status == 409:  # created meanwhile (another plugin process): look again
                         continue
-                    raise MpsDaemonError(f"creating pod {self.namespace}/{name}: {_api_error(e)[1]}") from e
+                    raise MpsDaemonError(f"creating pod {self.namespace}/{name}: {e.message}") from e
                 log.info("claim %s: created MPS control daemon pod %s/%s", claim_uid, self.namespace, name)
                 break
             meta = pod["metadata"]
@@ -352,21 +333,17 @@ class MpsPods:
     def list(self, deadline: float | None = None) -> list[str]:
         """The claim UIDs of this node's daemon pods (for removing those of claims the checkpoint does not know)."""
         deadline = time.monotonic() + DEFAULT_TIMEOUT_S if deadline is None else deadline
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            resp = self._call(
+            got = self._call(
                 f"listing MPS control daemon pods in {self.namespace}",
                 deadline,
-                self.core.list_namespaced_pod,
-                self.namespace,
-                label_selector=self.claim_label,
-                field_selector=f"spec.nodeName={self.node_name}",
-                _preload_content=False,
+                "GET",
+                self._pods(),
+                query={"labelSelector": self.claim_label, "fieldSelector": f"spec.nodeName={self.node_name}"},
             )
-        except ApiException as e:
-            raise MpsDaemonError(f"listing pods in {self.namespace}: {_api_error(e)[1]}") from e
-        items = json.loads(resp.data).get("items", [])
+        except ApiError as e:
+            raise MpsDaemonError(f"listing pods in {self.namespace}: {e.message}") from e
+        items = got.get("items") or []
         uids = {i["metadata"].get("annotations", {}).get(self.claim_annotation, "") for i in items}
         # a claim UID names a directory the plugin removes: a single plain path component, nothing else
         return sorted(u for u in uids if _SAFE_UID.match(u) and u not in (".", ".."))

@@ -4,6 +4,7 @@ each GPU instance and compute instance. Regenerated from the simulator state on 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from dra_driver.simulator.state import MachineState
@@ -25,6 +26,23 @@ def _cap_text(minor: int, mode: int) -> str:
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
 
 
+Instances = list[tuple[int, list[tuple[int, list[int]]]]]  # (GPU minor, [(GI id, [CI ids])])
+
+
+def _wanted(caps: Path, instances: Instances) -> dict[Path, str]:
+    wanted: dict[Path, str] = {
+        caps / "mig" / "config": _cap_text(1, 0o400),
+        caps / "mig" / "monitor": _cap_text(2, _ACCESS_MODE),
+    }
+    for minor, gis in instances:
+        for gi, cis in gis:
+            gi_dir = caps / f"gpu{minor}" / "mig" / f"gi{gi}"
+            wanted[gi_dir / "access"] = _cap_text(gi_cap_minor(minor, gi), _ACCESS_MODE)
+            for ci in cis:
+                wanted[gi_dir / f"ci{ci}" / "access"] = _cap_text(ci_cap_minor(minor, gi, ci), _ACCESS_MODE)
+    return wanted
+
+
 def write_fake_procfs(root: Path, state: MachineState, minors: list[int]) -> None:
     """Bring the tree in line with `state`, touching only the files that change (this runs on every MIG
     change, under the state lock)."""
@@ -34,36 +52,33 @@ def write_fake_procfs(root: Path, state: MachineState, minors: list[int]) -> Non
         devices.write_text(
             f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{UVM_MAJOR} nvidia-uvm\n{CAPS_MAJOR} nvidia-caps\n"
         )
-    # Skip the tree walk when the set of instances is what the tree already shows (MIG mode changes etc.).
-    signature = repr(
-        [
-            (m, [(gi.id, [ci.id for ci in gi.compute_instances]) for gi in g.gpu_instances])
-            for g, m in zip(state.gpus, minors, strict=True)
-        ]
-    )
-    marker = root / ".instances"
-    if marker.exists() and marker.read_text() == signature:
-        return
+    instances: Instances = [
+        (m, [(gi.id, [ci.id for ci in gi.compute_instances]) for gi in g.gpu_instances])
+        for g, m in zip(state.gpus, minors, strict=True)
+    ]
     caps = root / "driver" / "nvidia" / "capabilities"
-    wanted: dict[Path, str] = {
-        caps / "mig" / "config": _cap_text(1, 0o400),
-        caps / "mig" / "monitor": _cap_text(2, _ACCESS_MODE),
-    }
-    for gpu, minor in zip(state.gpus, minors, strict=True):
-        for gi in gpu.gpu_instances:
-            gi_dir = caps / f"gpu{minor}" / "mig" / f"gi{gi.id}"
-            wanted[gi_dir / "access"] = _cap_text(gi_cap_minor(minor, gi.id), _ACCESS_MODE)
-            for ci in gi.compute_instances:
-                wanted[gi_dir / f"ci{ci.id}" / "access"] = _cap_text(ci_cap_minor(minor, gi.id, ci.id), _ACCESS_MODE)
-    existing = {p for p in caps.rglob("access")} | {p for p in (caps / "mig").glob("*")} if caps.exists() else set()
+    marker = root / ".instances"  # the instances the tree shows: what exists, without walking the tree
+    try:
+        shown: Instances | None = [
+            (m, [(gi, list(cis)) for gi, cis in gis]) for m, gis in json.loads(marker.read_text())
+        ]
+    except (OSError, ValueError, TypeError):
+        shown = None
+    if shown == instances:  # e.g. a MIG mode change
+        return
+    wanted = _wanted(caps, instances)
+    if shown is not None:
+        existing = set(_wanted(caps, shown))
+    else:
+        existing = {p for p in caps.rglob("access")} | {p for p in (caps / "mig").glob("*")} if caps.exists() else set()
     for path in existing - set(wanted):
-        path.unlink()
+        path.unlink(missing_ok=True)
         for parent in path.parents:  # drop the now-empty gi/ci directories
-            if parent == caps or any(parent.iterdir()):
+            if parent == caps or not parent.exists() or any(parent.iterdir()):
                 break
             parent.rmdir()
     for path, text in wanted.items():
         if path not in existing:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-    marker.write_text(signature)
+    marker.write_text(json.dumps(instances))

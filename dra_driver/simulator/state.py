@@ -109,8 +109,9 @@ class StateStore:
     def mutate(self) -> Iterator[MachineState]:
         """Yield a private copy of the state; it is written back only if the block raises nothing."""
         with self._locked():
-            self._cached_stat = None  # another process may have written within the same mtime tick
-            state = self._load().model_copy(deep=True)
+            # Parsed afresh: another process may have written within the same mtime tick, and the copy is private
+            # (cheaper than a deep copy of the cached state).
+            state = MachineState.model_validate_json(self.path.read_bytes())
             yield state
             self._write(state)
             if self._on_commit is not None:

@@ -271,6 +271,7 @@ class ControlPlane:
         self._kubeconfig: Path | None = None
         self._ssl: ssl.SSLContext | None = None
         self.api_port = 0
+        self.scheduler_port = 0  # the kube-scheduler's /metrics and /healthz (HTTPS, delegated authn/authz)
         self.etcd_port = 0
         self.startup_seconds: float | None = None
 
@@ -546,7 +547,7 @@ class ControlPlane:
                 indent=2,
             )
         )
-        sched_port = free_port()
+        sched_port = self.scheduler_port = free_port()
         scheduler = self.spawn("kube-scheduler", bin_dir / "kube-scheduler", [
             *[a for a in common if not a.startswith("--kubeconfig=")],
             f"--config={scheduler_config}",
