@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from pydantic import ValidationError
 
-if TYPE_CHECKING:  # the allocator and CEL load only when `simulate` runs: every `dra-driver` start parses this
+from dra_driver.cel.cli import GATES, parse_gates
+from dra_driver.cel.features import active, configure
+
+if TYPE_CHECKING:  # the allocator loads only when `simulate` runs: every `dra-driver` start parses this
     from dra_driver.allocation.explain import ClaimExplanation
     from dra_driver.allocation.simulate import ClaimOutcome, SimulationReport
 
@@ -25,7 +28,9 @@ def add_subcommand(subparsers: Any) -> None:
         "simulate",
         help="allocate ResourceClaims against ResourceSlices like the kube-scheduler, and explain failures",
         description="Allocate ResourceClaims against ResourceSlices with the kube-scheduler's structured "
-        "allocator semantics. Exit 0 if every claim is allocated, 3 if one is not, 1 on bad input.",
+        "allocator semantics. A claim or DeviceClass read from a file is checked first as the API server checks a "
+        "new object: one with a selector it refuses (too complex, exceeds cost limit; or gated off) is reported "
+        "and its claims are not allocated. Exit 0 if every claim is allocated, 3 if one is not, 1 on bad input.",
     )
     p.add_argument("--slices", nargs="+", default=[], metavar="FILE", help="ResourceSlices (YAML/JSON, - = stdin)")
     p.add_argument("--classes", nargs="+", default=[], metavar="FILE", help="DeviceClasses (YAML/JSON)")
@@ -42,15 +47,35 @@ def add_subcommand(subparsers: Any) -> None:
         "--together", action="store_true", help="the claims belong to one pod: allocate all at once, or none"
     )
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.add_argument(
+        "--feature-gates",
+        default="",
+        help=f"Name=true|false,... for {', '.join(GATES)}, the cluster's CEL gates (as for `cel eval`; "
+        "default: Kubernetes 1.36's)",
+    )
     p.set_defaults(func=run_simulate)
 
 
 def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        features = parse_gates(args.feature_gates)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    previous = active()
+    configure(features)  # for this run only: the allocator compiles and the API check estimates under these gates
+    try:
+        return _simulate(args, out)
+    finally:
+        configure(previous)
+
+
+def _simulate(args: argparse.Namespace, out: TextIO) -> int:
     from dra_driver.allocation.loader import InputError, load_objects
     from dra_driver.allocation.quantities import QuantityError
     from dra_driver.allocation.simulate import simulate
 
-    out = out or sys.stdout
     try:
         if sum(1 for group in (args.slices, args.classes, args.claims, args.allocated) if "-" in group) > 1:
             raise InputError("only one of the file lists may read from stdin")
@@ -63,7 +88,7 @@ def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if not slices or not claims:
             raise InputError("no ResourceSlices or no ResourceClaims: give files, or --kubeconfig")
         allocated = load_objects(args.allocated)
-        report = simulate(slices, classes, claims, args.node, allocated, together=args.together)
+        report = simulate(slices, classes, claims, args.node, allocated, together=args.together, check_new=True)
     except (InputError, ValidationError, QuantityError, KeyError, TypeError, ValueError) as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -100,6 +125,7 @@ def _message(err: Exception) -> str:
 
 def _json(report: SimulationReport) -> dict[str, Any]:
     return {
+        **({"refusedClasses": report.refused_classes} if report.refused_classes else {}),
         "claims": [
             {
                 "claim": o.claim,
@@ -107,6 +133,7 @@ def _json(report: SimulationReport) -> dict[str, Any]:
                 **({"node": o.node} if o.node else {}),
                 **({"allocation": o.allocation} if o.allocation is not None else {}),
                 **({"error": o.error} if o.error else {}),
+                **({"refused": o.refused} if o.refused else {}),
                 **(
                     {"explanations": [e.model_dump(exclude_none=True) for e in o.explanations]}
                     if o.explanations
@@ -114,7 +141,7 @@ def _json(report: SimulationReport) -> dict[str, Any]:
                 ),
             }
             for o in report.outcomes
-        ]
+        ],
     }
 
 
@@ -143,6 +170,10 @@ def _placement(device: str) -> str:
 
 
 def _text(report: SimulationReport, attrs: dict[tuple[str, str, str], Mapping[str, Any]], out: TextIO) -> None:
+    for name, reasons in report.refused_classes.items():
+        out.write(f"DeviceClass {name}: refused by the API server as a new object\n")
+        _print_reasons(reasons, out)
+        out.write("\n")
     for o in report.outcomes:
         if o.allocation is not None:
             _print_allocation(o, attrs, out)
@@ -172,11 +203,20 @@ def _print_allocation(o: ClaimOutcome, attrs: dict[tuple[str, str, str], Mapping
 
 
 def _print_failure(o: ClaimOutcome, out: TextIO) -> None:
+    if o.refused:
+        out.write(f"claim {o.claim}: refused by the API server as a new object, not allocated\n")
+        _print_reasons(o.refused, out)
+        return
     out.write(f"claim {o.claim}: cannot be allocated\n")
     if o.error:
         out.write(f"  error (aborts scheduling, retried with backoff): {o.error}\n")
     for e in o.explanations:
         _print_explanation(e, out)
+
+
+def _print_reasons(reasons: list[str], out: TextIO) -> None:
+    for reason in reasons:  # a compile error carries cel-go's source excerpt on further lines
+        out.write("".join(f"  {line}\n" for line in reason.splitlines()))
 
 
 def _print_explanation(e: ClaimExplanation, out: TextIO) -> None:

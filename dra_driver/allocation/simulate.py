@@ -3,6 +3,12 @@
 Sequential (default): each claim is a pod of its own, allocated in order; what earlier claims got counts as
 allocated for later ones. `together=True`: all claims belong to one pod and must fit on the same node at once.
 Without a node, the nodes that have node-local slices are tried in order and the first that fits wins.
+
+`check_new=True` (what `dra-driver simulate` does) first puts every selector through the API server's validation of
+a new object (`dra_driver.cel.check_new_selector`: length, compile, estimated cost): a claim with a refused selector,
+or whose request names a DeviceClass with one, could not be created as given, so it is reported and not allocated.
+An object that carries `metadata.creationTimestamp` has been stored by an API server already and is not re-checked,
+as Kubernetes does not re-check stored selectors.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from pydantic import BaseModel, Field
 
 from dra_driver.allocation.allocator import DEFAULT_MAX_STEPS, AllocationError, Allocator, _Search, as_node
 from dra_driver.allocation.explain import ClaimExplanation, explain
-from dra_driver.allocation.model import AllocationResult, ResourceClaim
+from dra_driver.allocation.model import AllocationResult, DeviceClass, DeviceSelector, ResourceClaim
 from dra_driver.allocation.pools import Node
+from dra_driver.cel.estimate import check_new_selector
 
 
 class ClaimOutcome(BaseModel):
@@ -25,6 +32,7 @@ class ClaimOutcome(BaseModel):
     preexisting: bool = False
     explanations: list[ClaimExplanation] = Field(default_factory=list)
     error: str | None = None
+    refused: list[str] = Field(default_factory=list)  # why the API server would not accept the claim as new
 
     @property
     def allocated(self) -> bool:
@@ -33,6 +41,7 @@ class ClaimOutcome(BaseModel):
 
 class SimulationReport(BaseModel):
     outcomes: list[ClaimOutcome]
+    refused_classes: dict[str, list[str]] = Field(default_factory=dict)  # DeviceClass name → the API server's reasons
 
     @property
     def all_allocated(self) -> bool:
@@ -77,16 +86,21 @@ def simulate(
     together: bool = False,
     share_id: Callable[[], str] | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    check_new: bool = False,
 ) -> SimulationReport:
-    parsed = [ResourceClaim.model_validate(c) for c in claims]
+    raw_claims, classes = list(claims), list(classes)
+    parsed = [ResourceClaim.model_validate(c) for c in raw_claims]
     existing = [c.model_dump(by_alias=True) for c in parsed if c.status.get("allocation")]
     alloc = Allocator(slices, classes, [*allocated, *existing], share_id=share_id, max_steps=max_steps)
     nodes = _nodes(alloc, node)
+    refused_classes = _refused_classes(classes) if check_new else {}
     outcomes: dict[int, ClaimOutcome] = {}
     pending: list[tuple[int, ResourceClaim]] = []
     for i, claim in enumerate(parsed):
         if claim.status.get("allocation"):
             outcomes[i] = ClaimOutcome(claim=claim.key, allocation=claim.status["allocation"], preexisting=True)
+        elif check_new and (refused := _refused_claim(claim, raw_claims[i], refused_classes)):
+            outcomes[i] = ClaimOutcome(claim=claim.key, refused=refused)
         else:
             pending.append((i, claim))
     groups = [pending] if together else [[p] for p in pending]
@@ -107,4 +121,44 @@ def simulate(
             if error is not None:
                 outcome.error = error
             outcomes[i] = outcome
-    return SimulationReport(outcomes=[outcomes[i] for i in sorted(outcomes)])
+    return SimulationReport(outcomes=[outcomes[i] for i in sorted(outcomes)], refused_classes=refused_classes)
+
+
+def _stored(obj: Mapping[str, Any]) -> bool:
+    """Stored by an API server already (it set creationTimestamp): its selectors passed validation then."""
+    return bool((obj.get("metadata") or {}).get("creationTimestamp"))
+
+
+def _refused_selectors(selectors: list[DeviceSelector], where: str) -> list[str]:
+    reasons = []
+    for i, selector in enumerate(selectors):
+        if selector.cel is not None:
+            verdict = check_new_selector(selector.cel.expression)
+            if verdict.refused:
+                reasons.append(f"{where} selector {i}: {verdict.describe()}")
+    return reasons
+
+
+def _refused_classes(classes: list[Mapping[str, Any]]) -> dict[str, list[str]]:
+    refused = {}
+    for raw in classes:
+        if not _stored(raw):
+            device_class = DeviceClass.model_validate(raw)
+            reasons = _refused_selectors(device_class.spec.selectors, f"DeviceClass {device_class.metadata.name}")
+            if reasons:
+                refused[device_class.metadata.name] = reasons
+    return refused
+
+
+def _refused_claim(claim: ResourceClaim, raw: Mapping[str, Any], refused_classes: dict[str, list[str]]) -> list[str]:
+    """The API server's reasons against a new claim's selectors, and the refused DeviceClasses its requests name."""
+    reasons = []
+    for request in claim.spec.devices.requests:
+        subrequests = [(request.name, request.exactly)] if request.exactly is not None else []
+        subrequests += [(f"{request.name}/{sub.name}", sub) for sub in request.first_available]
+        for name, sub in subrequests:
+            if not _stored(raw):
+                reasons += _refused_selectors(sub.selectors, f"request {name}")
+            if sub.device_class_name in refused_classes:
+                reasons.append(f"request {name}: DeviceClass {sub.device_class_name} is refused by the API server")
+    return reasons

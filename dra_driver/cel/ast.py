@@ -68,6 +68,7 @@ class Comprehension(Node):
     var2: str | None
     body: Node
     transform: Node | None = None  # `map(x, filter, transform)` / `transformList(i, v, filter, transform)`
+    filtered: bool = True  # False for a transform macro given no filter: `body` is then a stand-in `true`
 
 
 @dataclass(frozen=True, slots=True)

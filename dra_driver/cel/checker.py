@@ -62,9 +62,17 @@ class CheckEnv:
     functions: dict[str, tuple[Decl, ...]]
 
 
-def dra_env(list_attributes: bool = False, extra: tuple[Decl, ...] = ()) -> CheckEnv:
+def dra_env(
+    list_attributes: bool = False,
+    extra: tuple[Decl, ...] = (),
+    *,
+    new_expressions: bool = False,
+    consumable_capacity: bool = True,
+) -> CheckEnv:
     """compile.go's environment: attribute values are `any`, or `dyn` with list-type attributes enabled. Other
-    gates do not matter: the StoredExpressions environment declares every gated variable and function."""
+    gates do not matter to the StoredExpressions environment (the scheduler's), which declares every gated variable
+    and function; the NewExpressions one (the API server's check of a new selector) declares `includes` only with
+    DRAListTypeAttributes and `device.allowMultipleAllocations` only with DRAConsumableCapacity."""
     attr = DYN if list_attributes else ANY
     fields = {
         "driver": STRING,
@@ -72,8 +80,14 @@ def dra_env(list_attributes: bool = False, extra: tuple[Decl, ...] = ()) -> Chec
         "capacity": map_of(STRING, map_of(STRING, QUANTITY)),
         "allowMultipleAllocations": BOOL,
     }
+    functions = declarations(extra)
+    if new_expressions:
+        if not consumable_capacity:
+            del fields["allowMultipleAllocations"]
+        if not list_attributes:
+            functions = {name: decls for name, decls in functions.items() if name != "includes"}
     device = T("kubernetes.DRADevice")
-    return CheckEnv({"device": device}, {device.kind: fields}, declarations(extra))
+    return CheckEnv({"device": device}, {device.kind: fields}, functions)
 
 
 class Checker:
@@ -84,6 +98,10 @@ class Checker:
         self.types: dict[int, T] = {}
         self.counter = 0
         self.format_args: set[int] = set()  # ids of literals inside `format` calls (exempt from homogeneity)
+        # Call/Index node id → the function name resolved (qualified names folded in) and its matching overloads,
+        # cel-go's reference map; a sortBy comprehension's entry is its `@sortByAssociatedKeys` call.
+        self.resolved: dict[int, tuple[str, tuple[Decl, ...]]] = {}
+        self._matched: tuple[Decl, ...] = ()
 
     def fail(self, node: ast.Node | int, message: str) -> CelCompileError:
         pos = node if isinstance(node, int) else node.pos
@@ -148,7 +166,10 @@ class Checker:
 
     def _index(self, node: ast.Index, scope: dict[str, T]) -> T:
         args = [self.check(node.operand, scope), self.check(node.index, scope)]
-        return self.resolve(node, "_[?_]" if node.optional else "_[_]", args, False)
+        name = "_[?_]" if node.optional else "_[_]"
+        result = self.resolve(node, name, args, False)
+        self.resolved[id(node)] = (name, self._matched)
+        return result
 
     # -- calls ---------------------------------------------------------------------------------------------------
     def _call(self, node: ast.Call, scope: dict[str, T]) -> T:
@@ -168,13 +189,16 @@ class Checker:
             args.insert(0, self.check(target, scope))
         if name == "format" and target is not None:
             self.format_args.update(_literal_ids(node.args))
-        return self.resolve(node, name, args, target is not None)
+        result = self.resolve(node, name, args, target is not None)
+        self.resolved[id(node)] = (name, self._matched)
+        return result
 
     def resolve(self, node: ast.Node, name: str, args: list[T], member: bool) -> T:
         overloads = self.env.functions.get(name)
         if overloads is None:
             raise self.fail(node, f"undeclared reference to '{name}' (in container '')")
         result: T | None = None
+        matched: list[Decl] = []
         for decl in overloads:
             if decl.member != member or len(decl.params) != len(args):
                 continue
@@ -187,6 +211,7 @@ class Checker:
             if m is None:
                 continue
             self.mapping = m
+            matched.append(decl)
             rtype = substitute(m, ret, False)
             if result is None:
                 result = rtype
@@ -196,6 +221,7 @@ class Checker:
             shown = [str(substitute(self.mapping, a, True)) for a in args]
             sig = f"{shown[0]}.({', '.join(shown[1:])})" if member else f"({', '.join(shown)})"
             raise self.fail(node, f"found no matching overload for '{name}' applied to '{sig}'")
+        self._matched = tuple(matched)
         return result
 
     # -- literals ------------------------------------------------------------------------------------------------
@@ -274,7 +300,9 @@ class Checker:
             return BOOL
         if macro == "sortBy":
             elem = vtypes[0] if not two else vtypes[1]
-            return self.resolve(node, "@sortByAssociatedKeys", [list_of(elem), list_of(body)], True)
+            result = self.resolve(node, "@sortByAssociatedKeys", [list_of(elem), list_of(body)], True)
+            self.resolved[id(node)] = ("@sortByAssociatedKeys", self._matched)
+            return result
         if macro == "map" and transform is None:
             return list_of(body)
         if macro == "filter":

@@ -1,7 +1,13 @@
 """`cel eval --expression EXPR --device FILE.json`: evaluate one selector against one device.
 
+The verdict is the scheduler's (it compiles and runs any selector already stored). The API server is stricter with a
+selector in a new DeviceClass or ResourceClaim: it also refuses one over 10 KiB, one whose estimated worst-case cost
+is over 1,000,000 ("too complex, exceeds cost limit"), and, under the given feature gates, `includes` or
+`device.allowMultipleAllocations` when their gate is off. That is reported on stderr, with exit code 4.
+
 Exit codes: 0 with `true`/`false` on stdout; 1 for a compile error; 2 for a runtime error (including an
-unreadable or invalid device file, which is a problem of the input rather than of the expression).
+unreadable or invalid device file, which is a problem of the input rather than of the expression); 4 with
+`true`/`false` on stdout when the API server would refuse the selector in a new object (the reason on stderr).
 """
 
 from __future__ import annotations
@@ -11,12 +17,9 @@ import json
 import sys
 from typing import Any, Final
 
-from pydantic import ValidationError
-
-from dra_driver.cel.device import CelDevice
-from dra_driver.cel.errors import CelCompileError, CelRuntimeError
 from dra_driver.cel.features import KUBERNETES_1_36, Features, active, configure
-from dra_driver.cel.program import compile_selector
+
+EXIT_REFUSED_AS_NEW: Final = 4
 
 # Kubernetes' names for the gates that shape the CEL environment (tools/celeval's -consumable-capacity and
 # -list-type-attributes), so the verdict can be the one of a cluster that runs with other gates than 1.36's defaults.
@@ -38,7 +41,13 @@ def add_subcommand(subparsers: Any) -> None:
     """Register `cel eval` on an argparse subparsers object."""
     cel = subparsers.add_parser("cel", help="evaluate Kubernetes DRA CEL device selectors")
     cel_sub = cel.add_subparsers(dest="cel_command", required=True)
-    ev = cel_sub.add_parser("eval", help="evaluate a selector against a device JSON file")
+    ev = cel_sub.add_parser(
+        "eval",
+        help="evaluate a selector against a device JSON file",
+        description="Print the scheduler's true/false for a selector on a device. Exit 0, 1 on a compile error, "
+        "2 on a runtime error, 4 when the API server would refuse the selector in a new object (too complex, "
+        "exceeds cost limit; or gated off), with the reason on stderr.",
+    )
     ev.add_argument("--expression", required=True, help="the CEL selector expression")
     ev.add_argument(
         "--device",
@@ -69,11 +78,22 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    # here, not at the top: every `dra-driver` command imports this module to build its argument parser
+    from pydantic import ValidationError
+
+    from dra_driver.cel.device import CelDevice
+    from dra_driver.cel.errors import CelCompileError, CelRuntimeError
+    from dra_driver.cel.estimate import check_new_selector
+    from dra_driver.cel.program import compile_selector
+
     try:
         selector = compile_selector(args.expression)
     except CelCompileError as err:
         print(f"compile error: {err}", file=sys.stderr)
         return 1
+    verdict = check_new_selector(args.expression)
+    if verdict.refused:
+        print(f"the API server refuses this selector in a new object: {verdict.describe()}", file=sys.stderr)
     try:
         with open(args.device, encoding="utf-8") as fh:
             device = CelDevice.model_validate(json.load(fh))
@@ -85,4 +105,4 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"CEL runtime error: {err}", file=sys.stderr)
         return 2
     print("true" if result else "false")
-    return 0
+    return EXIT_REFUSED_AS_NEW if verdict.refused else 0

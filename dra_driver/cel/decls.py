@@ -23,6 +23,7 @@ class Decl:
     params: tuple[T, ...]
     result: T
     type_params: frozenset[str]
+    overload_id: str = ""  # cel-go's overload id: the estimated and the runtime cost key some costs on it
 
 
 _TOKEN: Final = re.compile(r"\s*([\w.]+|[(),])")
@@ -180,13 +181,65 @@ _SPECS: Final[list[tuple[str, bool, str, str]]] = [
 _SPECS.append(("includes", True, "dyn, dyn", "bool"))
 
 
-def make_decl(name: str, member: bool, params: str, result: str) -> Decl:
+def make_decl(name: str, member: bool, params: str, result: str, overload_id: str = "") -> Decl:
     ptypes = parse_type(f"f({params})").params if params else ()
     rtype = parse_type(result)
     names: set[str] = set()
     for t in (*ptypes, rtype):
         names |= type_params(t)
-    return Decl(name, member, ptypes, rtype, frozenset(names))
+    return Decl(name, member, ptypes, rtype, frozenset(names), overload_id or _overload_id(name, member, ptypes))
+
+
+# cel-go's ids of the overloads whose cost depends on the id (checker/cost.go, interpreter/runtimecost.go,
+# ext/lists.go, ext/sets.go, compile.go); any other overload gets a made-up id, as only its being distinct matters.
+_RELATION_IDS: Final = {"_<_": "less", "_<=_": "less_equals", "_>_": "greater", "_>=_": "greater_equals"}
+_MEMBER_STRING_IDS: Final = {
+    "contains": "contains_string",
+    "startsWith": "starts_with_string",
+    "endsWith": "ends_with_string",
+    "matches": "matches_string",
+}
+_FIXED_IDS: Final = {
+    "_==_": "equals",
+    "_!=_": "not_equals",
+    "_?_:_": "conditional",
+    "!_": "logical_not",
+    "strings.quote": "strings_quote",
+    "format": "string_format",
+    "slice": "list_slice",
+    "lists.range": "lists_range",
+    "reverse": "list_reverse",
+    "distinct": "list_distinct",
+    "sets.contains": "list_sets_contains_list",
+    "sets.intersects": "list_sets_intersects_list",
+    "sets.equivalent": "list_sets_equivalent_list",
+    "includes": "dra_includes_dyn_dyn",
+}
+
+
+def _overload_id(name: str, member: bool, params: tuple[T, ...]) -> str:
+    shown = ",".join(map(str, params))
+    if name in _RELATION_IDS and shown in ("string,string", "bytes,bytes"):
+        return f"{_RELATION_IDS[name]}_{params[0]}"
+    if name == "_+_" and shown in ("string,string", "bytes,bytes"):
+        return f"add_{params[0]}"
+    if name == "_+_" and params[0].kind == "list":
+        return "add_list"
+    if name == "_[_]" and params[0].kind in ("list", "map"):
+        return f"index_{params[0].kind}"
+    if name == "@in" and params[1].kind == "list":
+        return "in_list"
+    if (name, shown) in (("bytes", "string"), ("string", "bytes")):
+        return f"{shown}_to_{name}"
+    if member and name in _MEMBER_STRING_IDS:
+        return _MEMBER_STRING_IDS[name]
+    if name == "flatten":
+        return "list_flatten" if len(params) == 1 else "list_flatten_int"
+    if name in ("sort", "@sortByAssociatedKeys"):  # one per comparable element type (of the sort keys for sortBy)
+        return f"list_{params[-1].param(0).kind}_{name.lstrip('@')}"
+    if name in _FIXED_IDS:
+        return _FIXED_IDS[name]
+    return f"{name}/{'member' if member else 'global'}/{shown}"
 
 
 @cache

@@ -18,7 +18,7 @@ from dra_driver.cel.library import REGISTRY, Overload, no_overload
 from dra_driver.cel.types import T
 
 EXT_DECLS: Final[tuple[Decl, ...]] = tuple(
-    make_decl(o.function, o.member, ", ".join(o.params), o.result) for o in ext.OVERLOADS
+    make_decl(o.function, o.member, ", ".join(o.params), o.result, o.overload_id) for o in ext.OVERLOADS
 )
 
 

@@ -3,6 +3,15 @@
 One pass does both: every node yields `(closure, static type)`. Static types are only as precise as needed to
 reject what cel-go's checker certainly rejects (undeclared names, unknown device fields, operators on clearly
 incompatible types, a non-bool result); anything involving `dyn` (every attribute value) is left to runtime.
+
+The closures charge the runtime cost as cel-go observes its planned program (interpreter/runtimecost.go): an
+attribute (a variable with its chain of field and index qualifiers) costs 1 plus 1 a qualifier, where a qualifier
+that is itself an attribute (`m[device.driver]`) costs what that attribute costs, and one applied to a value that is
+not an attribute (`f(x).y`, `[1, 2][0]`) adds 1 for the relative attribute; a conditional costs only its condition
+and branch, and an attribute taken as a branch loses its own 1; `has()` and absent optional qualifiers cost nothing
+for the test; constants, type conversions of constants, constant list and map literals and set membership in a
+constant list are built once and cost 0; `&&`, `||`, `or` and `orValue` cost nothing themselves; a call costs what
+`callcost` says, charged once its arguments are evaluated; the macros cost what their cel-go expansions cost.
 """
 
 from __future__ import annotations
@@ -11,7 +20,9 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from dra_driver.cel import ast, cost
+from dra_driver.cel.callcost import CallCost, call_cost, equality, tenth
 from dra_driver.cel.cost import Activation
+from dra_driver.cel.decls import Decl
 from dra_driver.cel.errors import CelCompileError, CostLimitExceeded, EvalError
 from dra_driver.cel.library import FOLDABLE, REGISTRY, SAME_AS_RECEIVER, compile_regex, known_names, no_overload
 from dra_driver.cel.parser import format_error
@@ -57,6 +68,12 @@ _ORDERED_KINDS: Final = {"int", "uint", "double", "string", "bytes", "bool"}
 _CONST_TYPES: Final = {bool: BOOL, int: INT, UInt: UINT, float: DOUBLE, str: STRING, bytes: BYTES, type(None): NULL}
 _UNSET: Final = object()
 _TYPE_NAMES: Final = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
+# cel-go (matches) and Kubernetes (find, findAll) precompile a constant pattern (interpreter.RegexOptimization)
+_REGEX_OPTIMIZED: Final = frozenset({"matches", "find", "findAll"})
+# cel-go's planner folds these when their argument is a constant (decOptimize: maybeOptimizeConstUnary)
+_CONVERSIONS: Final = frozenset(
+    {"int", "uint", "double", "bool", "string", "bytes", "timestamp", "duration", "type", "dyn"}
+)
 
 
 def _concrete(t: T) -> bool:
@@ -64,8 +81,35 @@ def _concrete(t: T) -> bool:
 
 
 class Compiler:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, resolved: dict[int, tuple[str, tuple[Decl, ...]]] | None = None) -> None:
         self.source = source
+        self.resolved = resolved or {}  # the checker's overload resolution per call node (`Checker.resolved`)
+        self.constants: dict[int, Any] = {}  # id(node) → value, for nodes cel-go's planner makes constant
+
+    def _constant(self, node: ast.Node, value: Any) -> Fn:
+        self.constants[id(node)] = value
+        return lambda a: value
+
+    def is_constant(self, node: ast.Node) -> bool:
+        """Compiled already, to a constant (call after compiling `node`)."""
+        return id(node) in self.constants
+
+    def is_attribute(self, node: ast.Node) -> bool:
+        """What cel-go plans as an attribute: a variable, a selection or index (qualifiers), `has()`, `?:`."""
+        if isinstance(node, ast.Ident):
+            return id(node) not in self.constants  # a type name is a constant
+        if isinstance(node, ast.Call):
+            return node.function == "_?_:_"
+        return isinstance(node, ast.Select | ast.Index | ast.Has)
+
+    def _own_charge(self, node: ast.Node) -> int:
+        """1 when `node` is an attribute whose evaluation charges 1 for itself (a variable, or a relative attribute
+        over a value), which a conditional does not charge for a branch; 0 otherwise (a chain over a conditional)."""
+        if not isinstance(node, ast.Ident | ast.Select | ast.Index) or not self.is_attribute(node):
+            return 0
+        while isinstance(node, ast.Select | ast.Index):
+            node = node.operand
+        return 0 if isinstance(node, ast.Call) and node.function == "_?_:_" else 1
 
     def fail(self, node: ast.Node, message: str) -> CelCompileError:
         return CelCompileError(format_error(self.source, node.pos, message))
@@ -77,14 +121,12 @@ class Compiler:
 
     # -- leaves --------------------------------------------------------------------------------------------------
     def _const(self, node: ast.Const, scope: dict[str, T]) -> tuple[Fn, T]:
-        value = node.value
-        return (lambda a: value), _CONST_TYPES[type(value)]
+        return self._constant(node, node.value), _CONST_TYPES[type(node.value)]
 
     def _ident(self, node: ast.Ident, scope: dict[str, T]) -> tuple[Fn, T]:
         name = node.name
         if name not in scope and name in _TYPE_NAMES:
-            value = CelType(name)
-            return (lambda a: value), TYPE
+            return self._constant(node, CelType(name)), TYPE
         if name not in scope:
             raise self.fail(node, f"undeclared reference to '{name}' (in container '')")
 
@@ -112,17 +154,33 @@ class Compiler:
         else:
             ftype = DYN
 
+        relative = 0 if self.is_attribute(node.operand) else 1
         if node.optional:
 
             def opt_select(a: Activation) -> Any:
-                a.cost += 1
-                return _optional_get(operand(a), field, True)
+                found = _optional_get(operand(a), field, True)
+                a.cost += relative + found.has_value  # an absent optional qualifier is not charged
+                return found
 
             return opt_select, optional_of(ftype)
 
+        charge = 1 + relative
+        if otype == DEVICE or otype.kind == "map":  # never an optional: the common path, kept lean
+
+            def plain_select(a: Activation) -> Any:
+                value = operand(a)
+                a.cost += charge
+                return _get(value, field, True)
+
+            return plain_select, ftype
+
         def select(a: Activation) -> Any:
-            a.cost += 1
-            return _get(operand(a), field, True)
+            value = operand(a)
+            if type(value) is Optional and not value.has_value:
+                a.cost += relative  # a qualifier applied to an empty optional is not charged
+            else:
+                a.cost += charge
+            return _get(value, field, True)
 
         return select, ftype
 
@@ -140,17 +198,39 @@ class Compiler:
             raise self.fail(node, f"found no matching overload for '_[_]' applied to '({otype}, {itype})'")
         else:
             rtype = DYN
+        relative = 0 if self.is_attribute(node.operand) else 1
+        # an attribute used as the index is charged as itself (its evaluation is the qualifier's observation)
+        by_attribute = self.is_attribute(node.index)
+        qualifier = 0 if by_attribute else 1
         if node.optional:
+            absent = -1 if by_attribute else 0
 
             def opt_index(a: Activation) -> Any:
-                a.cost += 1
-                return _optional_get(operand(a), index(a), False)
+                found = _optional_get(operand(a), index(a), False)
+                a.cost += relative + (qualifier if found.has_value else absent)
+                return found
 
             return opt_index, optional_of(rtype)
 
+        charge = relative + qualifier
+        if otype == DEVICE or otype.kind in ("map", "list"):  # never an optional: the common path, kept lean
+
+            def plain_idx(a: Activation) -> Any:
+                value = operand(a)
+                key = index(a)
+                a.cost += charge
+                return _get(value, key, False)
+
+            return plain_idx, rtype
+
         def idx(a: Activation) -> Any:
-            a.cost += 1
-            return _get(operand(a), index(a), False)
+            value = operand(a)
+            key = index(a)
+            if type(value) is Optional and not value.has_value:
+                a.cost += relative  # a qualifier applied to an empty optional is not charged
+            else:
+                a.cost += charge
+            return _get(value, key, False)
 
         return idx, rtype
 
@@ -160,9 +240,12 @@ class Compiler:
         if otype == DEVICE and field not in DEVICE_FIELDS:
             raise self.fail(node.select, f"undefined field '{field}'")
 
+        # the presence test replaces the attribute's own 1; over a value that is no attribute, it adds 1
+        extra = 0 if self.is_attribute(node.select.operand) else 1
+
         def has(a: Activation) -> bool:
-            a.cost += 1
             value = operand(a)
+            a.cost += extra
             if isinstance(value, DomainMap):
                 return True  # compile.go's map Find() reports every domain present (an empty default)
             if isinstance(value, dict):
@@ -185,7 +268,7 @@ class Compiler:
                 a.charge(cost.LIST_CREATE)
                 return [fn(a) for fn in fns]
 
-            return _prebuilt(node, make_list), list_of(elem)
+            return self._prebuilt(node, make_list), list_of(elem)
         flags = node.optional
 
         def make_opt_list(a: Activation) -> list[Any]:
@@ -235,7 +318,7 @@ class Compiler:
                 out[key] = value
             return out
 
-        return _prebuilt(node, make_map), map_of(key_t, val_t)
+        return self._prebuilt(node, make_map), map_of(key_t, val_t)
 
     # -- macros --------------------------------------------------------------------------------------------------
     def _bind(self, node: ast.Bind, scope: dict[str, T]) -> tuple[Fn, T]:
@@ -288,6 +371,7 @@ class Compiler:
             "transformMapEntry": ttype2 if ttype2.kind == "map" else map_of(DYN, DYN),
         }[macro]
         run = _MACROS[macro]
+        step = self._fold_step(node)
 
         def comprehension(a: Activation) -> Any:
             items = target(a)
@@ -299,7 +383,7 @@ class Compiler:
                 raise EvalError(f"expression of type '{type_name(items)}' cannot be range of a comprehension")
             saved = (a.vars.get(var, _UNSET), a.vars.get(var2, _UNSET) if var2 else _UNSET)
             try:
-                return run(a, pairs, var, var2, body, transform)
+                return run(a, pairs, len(items), var, var2, body, transform, step)
             finally:
                 _restore(a, var, saved[0])
                 if var2:
@@ -307,22 +391,52 @@ class Compiler:
 
         return comprehension, result_type
 
+    def _fold_step(self, node: ast.Comprehension) -> Any:
+        """What one element's step costs beyond the user's expressions: `accu + [x]` is the accumulator (1), a new
+        list (10, nothing for a constant one) and `+` (1); `cel.@mapInsert(accu, k, v)` 3, `(accu, entry)` 2.
+        sortBy also needs the price of its `@sortByAssociatedKeys` call."""
+        macro = node.macro
+        if macro in ("map", "transformList", "sortBy"):
+            element = node.transform if node.transform is not None else node.body
+            append = 2 if self.is_constant(element) else cost.APPEND_STEP
+            if macro != "sortBy":
+                return append
+            _, decls = self.resolved.get(id(node), ("", ()))
+            return append, call_cost("@sortByAssociatedKeys", decls[0].overload_id if len(decls) == 1 else "")
+        return {"filter": cost.APPEND_STEP + 1, "transformMap": 3, "transformMapEntry": 2}.get(macro, 0)
+
     def _opt_map(self, node: ast.Comprehension, target: Fn, ttype: T, scope: dict[str, T]) -> tuple[Fn, T]:
+        """`t.hasValue() ? optional.of(cel.bind(v, t.value(), body)) : optional.none()`, as cel-go expands it: the
+        target is evaluated again, with `value()`, only when the body first reads `v`."""
         body, btype = self.compile(node.body, {**scope, node.var: ttype.param(0)})
         var = node.var
+        snapshot = bool(_free_names(node.target) & _bound_names(node.body))
+
+        def reread(a: Activation) -> Any:
+            again = target(a)
+            a.cost += 1  # value()
+            if not isinstance(again, Optional):
+                raise no_overload("value", again)
+            if not again.has_value:
+                raise EvalError("optional.none() dereference")
+            return again.value
 
         def opt_map(a: Activation) -> Any:
             opt = target(a)
+            a.cost += 1  # hasValue()
             if not isinstance(opt, Optional):
-                raise no_overload("optMap", opt)
+                raise no_overload("hasValue", opt)
             if not opt.has_value:
+                a.cost += 1  # optional.none()
                 return NONE
             saved = a.vars.get(var, _UNSET)
-            a.vars[var] = opt.value
+            a.vars[var] = _Lazy(reread, dict(a.vars) if snapshot else None)
             try:
-                return Optional(True, body(a))
+                result = body(a)
             finally:
                 _restore(a, var, saved)
+            a.cost += 1  # optional.of()
+            return Optional(True, result)
 
         return opt_map, optional_of(btype)
 
@@ -338,7 +452,10 @@ class Compiler:
             self._expect_bool(node, "!_", [t])
 
             def not_(a: Activation) -> bool:
-                value = fn(a)
+                try:
+                    value = fn(a)
+                finally:
+                    a.cost += 1  # charged on an error too
                 if value is True or value is False:
                     return not value
                 raise no_overload("!_", value)
@@ -366,42 +483,46 @@ class Compiler:
             except EvalError as err:
                 raise self.fail(node.args[-1], err.message) from None
         impl = overload.impl
+        if name in ("or", "orValue") and member:
+            return _optional_or(fns[0], fns[1], name == "orValue"), rtype
+        args = [target, *node.args] if target is not None else list(node.args)
         if name == "@in" and _is_set_literal(node.args[1]):
+            assert isinstance(node.args[1], ast.ListLit)
+            if not node.args[1].elements:  # cel-go: a constant `false`, the element not even evaluated
+                return self._constant(node, False), rtype
             return self._set_membership(fns[0], node.args[1]), rtype
-        if name in FOLDABLE and target is None and all(isinstance(arg, ast.Const) for arg in node.args):
+        priced = self._price(node, name)
+        constant = all(self.is_constant(arg) for arg in args)
+        if constant and not member and (name in _CONVERSIONS or name in FOLDABLE):
+            values = [self.constants[id(arg)] for arg in args]
             try:
-                folded = impl(cost.Activation({}), *[arg.value for arg in node.args if isinstance(arg, ast.Const)])
+                folded = impl(cost.Activation({}), *values)
             except EvalError:
                 pass
             else:
+                if name in _CONVERSIONS:  # cel-go folds these: a constant, free
+                    return self._constant(node, folded), rtype
+                # ours only, for speed: charged as the call it replaces
+                charge = 1 if priced is None else priced.fn(values, folded)
 
-                def constant(a: Activation) -> Any:
-                    a.cost += 1  # charged as the call it replaces
+                def folded_call(a: Activation) -> Any:
+                    a.charge(charge)
                     return folded
 
-                return constant, rtype
-        if len(fns) == 1:
-            (f0,) = fns
+                return folded_call, rtype
+        if name in ("_==_", "_!=_"):
+            return _equality_call(impl, fns[0], fns[1], name == "_==_"), rtype
+        # cel-go compiles a constant pattern once and calls through a varargs call, which stops at a failed argument
+        varargs = name in _REGEX_OPTIMIZED and len(args) >= 2 and self.is_constant(args[1])
+        return _invoke(impl, fns, priced, varargs), rtype
 
-            def call1(a: Activation) -> Any:
-                a.cost += 1
-                return impl(a, f0(a))
-
-            return call1, rtype
-        if len(fns) == 2:
-            f0, f1 = fns
-
-            def call2(a: Activation) -> Any:
-                a.cost += 1
-                return impl(a, f0(a), f1(a))
-
-            return call2, rtype
-
-        def call(a: Activation) -> Any:
-            a.cost += 1
-            return impl(a, *[fn(a) for fn in fns])
-
-        return call, rtype
+    def _price(self, node: ast.Call, name: str) -> CallCost | None:
+        """The call's cost: by the overload the checker resolved when it resolved exactly one (cel-go's planner
+        keeps no overload id otherwise); `==` and `!=` are always cel-go's `equals` / `not_equals`."""
+        function, decls = self.resolved.get(id(node), (name, ()))
+        if function in ("_==_", "_!=_"):
+            return call_cost(function, "equals" if function == "_==_" else "not_equals")
+        return call_cost(function, decls[0].overload_id if len(decls) == 1 else "")
 
     @staticmethod
     def _set_membership(element: Fn, literal: ast.Node) -> Fn:
@@ -517,29 +638,173 @@ class Compiler:
     def _ternary(self, node: ast.Call, scope: dict[str, T]) -> tuple[Fn, T]:
         (cond, ct), (then, tt), (other, ot) = (self.compile(arg, scope) for arg in node.args)
         self._expect_bool(node, "_?_:_", [ct])
+        then_own, other_own = self._own_charge(node.args[1]), self._own_charge(node.args[2])
 
         def ternary(a: Activation) -> Any:
             c = cond(a)
             if c is True:
+                a.cost -= then_own
                 return then(a)
             if c is False:
+                a.cost -= other_own
                 return other(a)
             raise no_overload("_?_:_", c)
 
         return ternary, tt if tt == ot else DYN
 
+    def _prebuilt(self, node: ast.ListLit | ast.MapLit, make: Fn) -> Fn:
+        """A literal of constants is built once, at no runtime cost, as cel-go's OptOptimize does (values are never
+        mutated in place); one whose construction fails stays dynamic so that it fails at evaluation."""
+        optional = node.optional if isinstance(node, ast.ListLit) else tuple(opt for _, _, opt in node.entries)
+        if any(optional) or not all(self.is_constant(child) for child in ast.children(node)):
+            return make
+        try:
+            value = make(Activation({}))
+        except EvalError:
+            return make
+        return self._constant(node, value)
+
 
 # -- runtime helpers ----------------------------------------------------------------------------------------------
-def _prebuilt(node: ast.ListLit | ast.MapLit, make: Fn) -> Fn:
-    """A literal of constants is built once, at no runtime cost, as cel-go's OptOptimize does (values are never
-    mutated in place); one whose construction fails stays dynamic so that it fails at evaluation."""
-    if not all(_is_constant(child) for child in ast.children(node)):
-        return make
-    try:
-        value = make(Activation({}))
-    except EvalError:
-        return make
-    return lambda a: value
+def _invoke(impl: Callable[..., Any], fns: list[Fn], priced: CallCost | None, varargs: bool = False) -> Fn:
+    """A call: the arguments (receiver first), then its cost, then the function. As in cel-go, a failed argument
+    still leaves the call charged (sized 1) when every argument was evaluated: a call of one or two arguments
+    evaluates both whatever happens; a varargs call (three or more arguments, or `varargs`) stops at the first
+    failure and is then not charged. One and two arguments have their own closures: they are most calls."""
+    price = priced.fn if priced is not None else None
+    by_arguments = priced is None or not priced.uses_result
+    if len(fns) == 1 and by_arguments:
+        (f0,) = fns
+
+        def call1(a: Activation) -> Any:
+            try:
+                value = f0(a)
+            except CostLimitExceeded:
+                raise
+            except EvalError as err:
+                a.charge(1 if price is None else price((err,), None))
+                raise
+            if price is None:
+                a.cost += 1
+            else:
+                a.charge(price((value,), None))
+            return impl(a, value)
+
+        return call1
+    if len(fns) == 2 and by_arguments:
+        f0, f1 = fns
+
+        def call2(a: Activation) -> Any:
+            failed: EvalError | None = None
+            try:
+                left = f0(a)
+            except CostLimitExceeded:
+                raise
+            except EvalError as err:
+                if varargs:
+                    raise  # stops before the second argument: never charged
+                left = failed = err
+            try:
+                right = f1(a)
+            except CostLimitExceeded:
+                raise
+            except EvalError as err:
+                right = err
+                failed = failed or err
+            if price is None:
+                a.cost += 1
+            else:
+                a.charge(price((left, right), None))
+            if failed is not None:
+                raise failed
+            return impl(a, left, right)
+
+        return call2
+    stops = 1 if varargs else 3  # from how many arguments a failure stops the argument list
+
+    def call(a: Activation) -> Any:
+        values = _arguments(a, fns, price, stops)
+        if price is None:
+            a.cost += 1
+        elif by_arguments:  # before the work: an O(n²) call over the limit never runs
+            a.charge(price(values, None))
+        else:
+            try:
+                result = impl(a, *values)
+            except EvalError:
+                a.charge(price(values, None))  # cel-go sizes the error value as 1
+                raise
+            a.charge(price(values, result))
+            return result
+        return impl(a, *values)
+
+    return call
+
+
+def _equality_call(impl: Callable[..., Any], f0: Fn, f1: Fn, unit: bool) -> Fn:
+    """`==` / `!=`, the commonest calls: `call2` with the cost of `callcost.equality` inlined for strings."""
+
+    def equal(a: Activation) -> Any:
+        failed: EvalError | None = None
+        try:
+            left = f0(a)
+        except CostLimitExceeded:
+            raise
+        except EvalError as err:
+            left = failed = err
+        try:
+            right = f1(a)
+        except CostLimitExceeded:
+            raise
+        except EvalError as err:
+            right = err
+            failed = failed or err
+        if type(left) is str and type(right) is str:
+            size = len(left) if len(left) < len(right) else len(right)
+            a.cost += (size + 9) // 10 if size < 2000 else tenth(size)
+        else:
+            a.cost += equality(left, right, unit)
+        if failed is not None:
+            raise failed
+        return impl(a, left, right)
+
+    return equal
+
+
+def _arguments(a: Activation, fns: list[Fn], price: Callable[[Any, Any], int] | None, stops: int) -> list[Any]:
+    """The argument values; on an error, the call's cost is charged (when cel-go would) before it propagates: a call
+    of at least `stops` arguments stops at a failed one, and is charged only if it was the last."""
+    values: list[Any] = []
+    failed: EvalError | None = None
+    for i, fn in enumerate(fns):
+        try:
+            values.append(fn(a))
+        except CostLimitExceeded:
+            raise
+        except EvalError as err:
+            values.append(err)
+            failed = failed or err
+            if len(fns) >= stops and i < len(fns) - 1:
+                raise  # cel-go's varargs call stops here, its cost never observed
+    if failed is not None:
+        a.charge(1 if price is None else price(values, None))
+        raise failed
+    return values
+
+
+def _optional_or(lhs: Fn, rhs: Fn, unwrap: bool) -> Fn:
+    """cel-go's evalOptionalOr / evalOptionalOrValue: free, and the right side only runs for an empty left side
+    (a left side that is not an optional is returned as it is)."""
+
+    def or_(a: Activation) -> Any:
+        left = lhs(a)
+        if not isinstance(left, Optional):
+            return left
+        if left.has_value:
+            return left.value if unwrap else left
+        return rhs(a)
+
+    return or_
 
 
 def _is_set_literal(node: ast.Node) -> bool:
@@ -549,16 +814,6 @@ def _is_set_literal(node: ast.Node) -> bool:
         and not any(node.optional)
         and all(isinstance(e, ast.Const) and type(e.value) in (int, UInt, float, str, bool) for e in node.elements)
     )
-
-
-def _is_constant(node: ast.Node) -> bool:
-    if isinstance(node, ast.Const):
-        return True
-    if isinstance(node, ast.ListLit):
-        return not any(node.optional) and all(_is_constant(e) for e in node.elements)
-    if isinstance(node, ast.MapLit):
-        return all(not opt and _is_constant(k) and _is_constant(v) for k, v, opt in node.entries)
-    return False
 
 
 class _Lazy:
@@ -661,15 +916,20 @@ def _set(a: Activation, var: str, var2: str | None, first: Any, second: Any) -> 
         a.vars[var2] = second
 
 
-def _quantifier(decisive: bool, name: str, step: int) -> Callable[..., bool]:
+def _quantifier(decisive: bool, name: str, condition: int) -> Callable[..., bool]:
     """`all` (decisive False) and `exists` (decisive True): the first element giving the decisive value ends the
-    loop; an error (or a non-bool) counts only when no element decides, as CEL's error absorption requires."""
+    loop; an error (or a non-bool) counts only when no element decides, as CEL's error absorption requires.
 
-    def run(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
+    Cost, as cel-go's fold runs: per element the loop condition (`@not_strictly_false(accu)`: 2, or 3 with the
+    negation of exists) and the step's read of the accumulator (1) besides the predicate; once decided, the next
+    element's condition check, if there is a next element, ends the loop; the result reads the accumulator (1)."""
+
+    def run(a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, _t: Fn | None, _s: Any) -> bool:
         error: EvalError | None = None
-        a.cost += 1  # the result reads `accu`
+        seen = 0
         for first, second in pairs:
-            a.charge(step)
+            a.charge(condition + 1)
+            seen += 1
             _set(a, var, var2, first, second)
             try:
                 value = body(a)
@@ -679,9 +939,11 @@ def _quantifier(decisive: bool, name: str, step: int) -> Callable[..., bool]:
                 error = err
                 continue
             if value is decisive:
+                a.charge(condition + 1 if seen < n else 1)  # the result reads `accu`
                 return bool(decisive)
             if value is not (not decisive):
                 error = no_overload(name, value)
+        a.charge(1)
         if error is not None:
             raise error
         return not decisive
@@ -689,19 +951,24 @@ def _quantifier(decisive: bool, name: str, step: int) -> Callable[..., bool]:
     return run
 
 
-_run_all = _quantifier(False, "all", cost.QUANTIFIER_STEP)
-_run_exists = _quantifier(True, "exists", cost.QUANTIFIER_STEP + 1)  # its condition negates: !accu
+_run_all = _quantifier(False, "all", 2)
+_run_exists = _quantifier(True, "exists", 3)
 
 
-def _run_exists_one(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> bool:
+def _run_exists_one(
+    a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, _t: Fn | None, _s: Any
+) -> bool:
+    """`pred ? accu + 1 : accu`: the untaken accumulator branch costs nothing, `accu + 1` 2; then `accu == 1`."""
     count = 0
     for first, second in pairs:
         _set(a, var, var2, first, second)
         value = body(a)
         if type(value) is not bool:
             raise no_overload("exists_one", value)
-        a.charge(1 + value)  # `pred ? accu + 1 : accu`
+        if value:
+            a.charge(2)
         count += value
+    a.charge(2)
     return count == 1
 
 
@@ -711,9 +978,10 @@ def _predicate(value: Any, macro: str) -> bool:
     return value
 
 
-def _run_map(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, transform: Fn | None) -> list[Any]:
+def _run_map(
+    a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, transform: Fn | None, step: int
+) -> list[Any]:
     out: list[Any] = []
-    a.charge(1)  # the result reads `accu` (its initial `[]` is a prebuilt constant)
     for first, second in pairs:
         _set(a, var, var2, first, second)
         if transform is None:
@@ -721,79 +989,84 @@ def _run_map(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, tr
         elif _predicate(body(a), "map"):
             out.append(transform(a))
         else:
-            a.charge(cost.SKIP_STEP)
-            continue
-        a.charge(cost.APPEND_STEP)
+            continue  # the filter's untaken `accu` branch costs nothing
+        a.charge(step)
+    a.charge(1)  # the result reads `accu` (its initial `[]` is a prebuilt constant)
     return out
 
 
-def _run_filter(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> list[Any]:
+def _run_filter(
+    a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, _t: Fn | None, step: int
+) -> list[Any]:
     out: list[Any] = []
-    a.charge(1)
     for first, second in pairs:
         _set(a, var, var2, first, second)
         if _predicate(body(a), "filter"):
-            a.charge(cost.APPEND_STEP + 1)  # `accu + [x]` reads x again
+            a.charge(step)  # `accu + [x]` reads x again
             out.append(second)
-        else:
-            a.charge(cost.SKIP_STEP)
+    a.charge(1)
     return out
 
 
-def _run_transform_list(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> list[Any]:
+def _run_transform_list(
+    a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, t: Fn | None, step: int
+) -> list[Any]:
     assert t is not None
     out: list[Any] = []
-    a.charge(1)
     for first, second in pairs:
         _set(a, var, var2, first, second)
         if _predicate(body(a), "transformList"):
             out.append(t(a))
-            a.charge(cost.APPEND_STEP)
-        else:
-            a.charge(cost.SKIP_STEP)
+            a.charge(step)
+    a.charge(1)
     return out
 
 
-def _run_transform_map(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> Any:
+def _run_transform_map(
+    a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, t: Fn | None, step: int
+) -> Any:
     assert t is not None
     out: dict[Any, Any] = {}
-    a.charge(1)
     for first, second in pairs:
         _set(a, var, var2, first, second)
         if _predicate(body(a), "transformMap"):
             out[first] = t(a)
-            a.charge(cost.INSERT_STEP)
-        else:
-            a.charge(cost.SKIP_STEP)
+            a.charge(step)
+    a.charge(1)
     return out
 
 
-def _run_sort_by(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, _t: Fn | None) -> list[Any]:
+def _run_sort_by(
+    a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, _t: Fn | None, step: Any
+) -> list[Any]:
+    append, priced = step
     keyed: list[tuple[Any, Any]] = []
-    # `cel.bind(in, list, @sortByAssociatedKeys(in, in.map(x, key)))`: two reads of `in`, the map's result
-    a.charge(3)
+    # `cel.bind(in, list, in.@sortByAssociatedKeys(in.map(x, key)))`: two reads of `in`, the map's result
+    a.charge(2)
     for first, second in pairs:
-        a.charge(cost.APPEND_STEP)
+        a.charge(append)
         _set(a, var, var2, first, second)
         keyed.append((body(a), second))
-    a.charge(cost.self_compare([k for k, _ in keyed]) + 1)
-    kinds = {type(k) for k, _ in keyed}
-    if len(kinds) > 1 and not all(isinstance(k, int | float) and not isinstance(k, bool) for k, _ in keyed):
+    a.charge(1)
+    keys = [k for k, _ in keyed]
+    a.charge(1 if priced is None else priced.fn([[v for _, v in keyed], keys], None))
+    kinds = {type(k) for k in keys}
+    if len(kinds) > 1 and not all(isinstance(k, int | float) and not isinstance(k, bool) for k in keys):
         raise EvalError("sortBy: keys must have the same comparable type")
     keyed.sort(key=lambda kv: kv[0])
     return [v for _, v in keyed]
 
 
-def _run_transform_map_entry(a: Activation, pairs: Any, var: str, var2: str | None, body: Fn, t: Fn | None) -> Any:
+def _run_transform_map_entry(
+    a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, t: Fn | None, step: int
+) -> Any:
     assert t is not None
     out: dict[Any, Any] = {}
-    a.charge(1)
     for first, second in pairs:
         _set(a, var, var2, first, second)
         if not _predicate(body(a), "transformMapEntry"):
-            a.charge(cost.SKIP_STEP)
             continue
-        a.charge(cost.INSERT_STEP)
+        a.charge(step)
         entry = t(a)
         if not isinstance(entry, dict):
             raise no_overload("cel.@mapInsert", out, entry)
@@ -801,6 +1074,7 @@ def _run_transform_map_entry(a: Activation, pairs: Any, var: str, var2: str | No
             if not is_missing(map_get(out, key)):
                 raise EvalError(f"insert failed: key {_show_key(key)} already exists")
             out[key] = value
+    a.charge(1)
     return out
 
 

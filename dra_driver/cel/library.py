@@ -2,7 +2,8 @@
 
 Each overload is `impl(act, *args)` (the receiver first for member functions); it checks runtime types itself and
 raises `EvalError` with cel-go's "no matching overload" wording when they do not fit, since `dyn` values (attribute
-values are `dyn` in DRA) are only resolved at runtime. `ret` is the static result type used by the checker.
+values are `dyn` in DRA) are only resolved at runtime. `ret` is the static result type used by the checker. The
+interpreter charges each call's cost (`callcost`), the overloads do not.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dra_driver.cel import cost
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
+from dra_driver.cel.ext.timeutil import Duration, Timestamp
 from dra_driver.cel.quantity import Quantity, QuantityError, parse_quantity
 from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
 from dra_driver.cel.semver import Semver, parse_semver
@@ -104,7 +105,6 @@ def _add(act: Activation, a: Any, b: Any) -> Any:
         if ta is float:
             return a + b
         if ta is str or ta is bytes or ta is list:
-            act.charge(cost.traversal(len(a) + len(b)))
             return a + b
         if ta is UInt:
             return _check_uint(a + b)
@@ -183,11 +183,9 @@ def _neg(act: Activation, a: Any) -> Any:
 # -- comparison ---------------------------------------------------------------------------------------------------
 def _ordered(name: str, act: Activation, a: Any, b: Any) -> int:
     ta, tb = type(a), type(b)
-    if is_number(a) and is_number(b):  # CrossTypeNumericComparisons
-        pass
-    elif ta is tb and (ta is str or ta is bytes):
-        act.charge(cost.traversal(min(len(a), len(b))))
-    elif not (ta is tb and ta is bool):
+    # CrossTypeNumericComparisons: any two numbers order; otherwise two strings, bytes or bools
+    comparable = (is_number(a) and is_number(b)) or (ta is tb and ta in (str, bytes, bool))
+    if not comparable:
         raise no_overload(name, a, b)
     if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
         raise EvalError("NaN values cannot be ordered")
@@ -216,7 +214,6 @@ def _ge(act: Activation, a: Any, b: Any) -> bool:
 
 @register("_==_", False, 2, BOOL)
 def _eq(act: Activation, a: Any, b: Any) -> bool:
-    """cel-go charges equality as one call, whatever the operands' sizes."""
     if type(a) is str and type(b) is str:
         return a == b
     return cel_equal(a, b)
@@ -230,7 +227,6 @@ def _ne(act: Activation, a: Any, b: Any) -> bool:
 @register("@in", False, 2, BOOL)
 def _in(act: Activation, a: Any, b: Any) -> bool:
     if isinstance(b, list):
-        act.charge(max(len(b) - 1, 0))  # cel-go: O(n), one per element (the call's 1 is already charged)
         return any(cel_equal(a, item) for item in b)
     if isinstance(b, dict):
         return not is_missing(map_get(b, a))
@@ -256,21 +252,18 @@ def _strings(name: str, *args: Any) -> None:
 @register("contains", True, 2, BOOL)
 def _contains(act: Activation, s: Any, sub: Any) -> bool:
     _strings("contains", s, sub)
-    act.charge(cost.traversal(len(s)))
     return bool(sub in s)
 
 
 @register("startsWith", True, 2, BOOL)
 def _starts(act: Activation, s: Any, prefix: Any) -> bool:
     _strings("startsWith", s, prefix)
-    act.charge(cost.traversal(len(prefix)))
     return bool(s.startswith(prefix))
 
 
 @register("endsWith", True, 2, BOOL)
 def _ends(act: Activation, s: Any, suffix: Any) -> bool:
     _strings("endsWith", s, suffix)
-    act.charge(cost.traversal(len(suffix)))
     return bool(s.endswith(suffix))
 
 
@@ -283,7 +276,6 @@ def compile_regex(pattern: str) -> Any:
 
 def _matches(act: Activation, s: Any, pattern: Any) -> bool:
     _strings("matches", s, pattern)
-    act.charge(cost.regex(len(s)))
     return regex_search(compile_regex(pattern), s)
 
 
@@ -475,12 +467,10 @@ def _char_at(act: Activation, s: Any, i: Any) -> str:
 
 def _index_of(name: str, act: Activation, s: Any, sub: Any, offset: Any, last: bool) -> int:
     if isinstance(s, list):  # k8s lists library: list.indexOf(x) / lastIndexOf(x)
-        act.charge(cost.traversal(len(s)))
         positions = range(len(s) - 1, -1, -1) if last else range(len(s))
         return next((i for i in positions if cel_equal(s[i], sub)), -1)
     if type(s) is not str or type(sub) is not str or (offset is not None and type(offset) is not int):
         raise no_overload(name, s, sub)
-    act.charge(cost.traversal(len(s)))
     if offset is None:
         return s.rfind(sub) if last else s.find(sub)
     if sub == "":
@@ -525,21 +515,18 @@ _UPPER: Final = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRS
 @register("lowerAscii", True, 1, STRING)
 def _lower(act: Activation, s: Any) -> str:
     _strings("lowerAscii", s)
-    act.charge(cost.traversal(len(s)))
     return _ascii_case(s, False)
 
 
 @register("upperAscii", True, 1, STRING)
 def _upper(act: Activation, s: Any) -> str:
     _strings("upperAscii", s)
-    act.charge(cost.traversal(len(s)))
     return _ascii_case(s, True)
 
 
 def _replace(act: Activation, s: Any, old: Any, new: Any, n: Any = -1) -> str:
     if not (type(s) is str and type(old) is str and type(new) is str and type(n) is int):
         raise no_overload("replace", s, old, new)
-    act.charge(cost.traversal(len(s)))
     return str(s.replace(old, new, n if n >= 0 else -1))
 
 
@@ -550,7 +537,6 @@ register("replace", True, 4, STRING)(_replace)
 def _split(act: Activation, s: Any, sep: Any, n: Any = -1) -> list[str]:
     if not (type(s) is str and type(sep) is str and type(n) is int):
         raise no_overload("split", s, sep)
-    act.charge(cost.traversal(len(s)))
     if n == 0:
         return []
     if sep == "":  # Go's strings.SplitN with an empty separator splits into code points
@@ -583,14 +569,12 @@ register("substring", True, 3, STRING)(_substring)
 @register("trim", True, 1, STRING)
 def _trim(act: Activation, s: Any) -> str:
     _strings("trim", s)
-    act.charge(cost.traversal(len(s)))
     return str(s.strip())
 
 
 def _join(act: Activation, items: Any, sep: Any = "") -> str:
     if not isinstance(items, list) or type(sep) is not str or not all(type(x) is str for x in items):
         raise no_overload("join", items, sep)
-    act.charge(cost.traversal(sum(len(x) for x in items)))
     return str(sep.join(items))
 
 
@@ -677,7 +661,6 @@ def _scientific(value: float) -> str:
 @register("find", True, 2, STRING)
 def _find(act: Activation, s: Any, pattern: Any) -> str:
     _strings("find", s, pattern)
-    act.charge(cost.regex(len(s)))
     match = compile_regex(pattern).search(s)
     return str(match.group(0)) if match else ""
 
@@ -685,7 +668,6 @@ def _find(act: Activation, s: Any, pattern: Any) -> str:
 def _find_all(act: Activation, s: Any, pattern: Any, n: Any = -1) -> list[str]:
     if type(s) is not str or type(pattern) is not str or type(n) is not int:
         raise no_overload("findAll", s, pattern)
-    act.charge(cost.regex(len(s)))
     found = [str(m.group(0)) for m in compile_regex(pattern).finditer(s)]
     return found if n < 0 else found[:n]
 
@@ -712,7 +694,6 @@ def _slice(act: Activation, items: Any, start: Any, end: Any) -> list[Any]:
         raise EvalError(f"cannot slice({start}, {end}), start index must be less than or equal to end index")
     if end > len(seq):
         raise EvalError(f"cannot slice({start}, {end}), list is length {len(seq)}")
-    act.charge(end - start + cost.LIST_CREATE)  # trackListOutputSize
     return seq[start:end]
 
 
@@ -722,7 +703,6 @@ def _flatten(act: Activation, items: Any, depth: Any = 1) -> list[Any]:
         raise no_overload("flatten", items, depth)
     if depth < 0:
         raise EvalError("level must be non-negative")
-    act.charge(depth * len(seq) + cost.LIST_CREATE)  # trackListFlatten, once for the whole call
     return _flat(seq, depth)
 
 
@@ -744,14 +724,12 @@ register("flatten", True, 2)(_flatten)
 def _range(act: Activation, n: Any) -> list[int]:
     if type(n) is not int:
         raise no_overload("lists.range", n)
-    act.charge(max(n, 0) + cost.LIST_CREATE)  # trackListOutputSize, charged before building the list
     return list(range(n))
 
 
 @register("distinct", True, 1)
 def _distinct(act: Activation, items: Any) -> list[Any]:
     seq = _list("distinct", items)
-    act.charge(cost.self_compare(seq))
     out: list[Any] = []
     for item in seq:
         if not any(cel_equal(item, seen) for seen in out):
@@ -762,22 +740,30 @@ def _distinct(act: Activation, items: Any) -> list[Any]:
 @register("reverse", True, 1)
 def _reverse(act: Activation, items: Any) -> list[Any]:
     seq = _list("reverse", items)
-    act.charge(len(seq) + cost.LIST_CREATE)
     return list(reversed(seq))
+
+
+_COMPARABLE: Final = (str, bytes, bool, int, float, UInt, Duration, Timestamp)
 
 
 def _sort_key_check(name: str, seq: list[Any]) -> None:
     kinds = {type(x) for x in seq}
     numeric = all(is_number(x) for x in seq)
-    if not numeric and (len(kinds) > 1 or (kinds and next(iter(kinds)) not in (str, bytes, bool, int, float, UInt))):
+    if not numeric and (len(kinds) > 1 or (kinds and next(iter(kinds)) not in _COMPARABLE)):
         raise EvalError(f"{name}: list elements must have the same comparable type")
+
+
+def _order(name: str, act: Activation, a: Any, b: Any) -> int:
+    """-1, 0 or 1, for the lists library: durations and timestamps order too."""
+    if type(a) is type(b) and isinstance(a, Duration | Timestamp):
+        return a.compare(b)
+    return _ordered(name, act, a, b)
 
 
 @register("sort", True, 1)
 def _sort(act: Activation, items: Any) -> list[Any]:
     seq = _list("sort", items)
     _sort_key_check("sort", seq)
-    act.charge(cost.self_compare(seq))
     return sorted(seq)
 
 
@@ -797,19 +783,18 @@ def _last(act: Activation, items: Any) -> Optional:
 def _is_sorted(act: Activation, items: Any) -> bool:
     seq = _list("isSorted", items)
     _sort_key_check("isSorted", seq)
-    act.charge(cost.traversal(len(seq)))
-    return all(a <= b for a, b in itertools.pairwise(seq))
+    return all(_order("isSorted", act, a, b) <= 0 for a, b in itertools.pairwise(seq))
 
 
 @register("sum", True, 1)
 def _sum(act: Activation, items: Any) -> Any:
     seq = _list("sum", items)
-    act.charge(cost.traversal(len(seq)))
     if not seq:
         return 0
+    add = REGISTRY[("_+_", False, 2)].impl  # the dispatcher, with the durations of the ext library
     total = seq[0]
     for item in seq[1:]:
-        total = _add(act, total, item)
+        total = add(act, total, item)
     return total
 
 
@@ -817,10 +802,9 @@ def _extreme(name: str, act: Activation, items: Any, want: int) -> Any:
     seq = _list(name, items)
     if not seq:
         raise EvalError(f"{name} called on empty list")
-    act.charge(cost.traversal(len(seq)))
     best = seq[0]
     for item in seq[1:]:
-        if _ordered(name, act, item, best) == want:
+        if _order(name, act, item, best) == want:
             best = item
     return best
 
@@ -841,7 +825,6 @@ def _includes(act: Activation, attr: Any, value: Any) -> bool:
     if isinstance(attr, list):
         if len(attr) > 48:  # ResourceSliceMaxAttributeValuesPerDevice
             raise EvalError(f"includes: list has {len(attr)} elements, more than the 48 allowed")
-        act.charge(cost.traversal(len(attr)))
         return any(cel_equal(item, value) for item in attr)
     return cel_equal(attr, value)
 
@@ -850,7 +833,6 @@ def _includes(act: Activation, attr: Any, value: Any) -> bool:
 def _sets(name: str, act: Activation, a: Any, b: Any) -> tuple[list[Any], list[Any]]:
     if not isinstance(a, list) or not isinstance(b, list):
         raise no_overload(name, a, b)
-    act.charge(len(a) * len(b))  # ext.Sets' trackSetsCost: one per pair (equivalent checks both ways)
     return a, b
 
 

@@ -224,17 +224,19 @@ class Parser:
 
     def _unary(self) -> ast.Node:
         tok = self._peek()
-        if tok.kind == "op" and tok.text == "!":
+        if tok.kind != "op" or tok.text not in ("!", "-"):
+            return self._member()
+        count = 0  # the grammar takes a run of one operator greedily: `--1` is two negations of 1
+        while (nxt := self._peek()).kind == "op" and nxt.text == tok.text:
             self.i += 1
-            return ast.Call(tok.pos, "!_", (self._unary(),))
-        if tok.kind == "op" and tok.text == "-":
-            self.i += 1
-            nxt = self._peek()
-            if nxt.kind in ("int", "hex", "float") and not nxt.text.endswith(("u", "U")):
-                self.i += 1  # fold "-literal" so that -9223372036854775808 is representable
-                return self._member_suffix(self._number(nxt, negative=True))
-            return ast.Call(tok.pos, "-_", (self._unary(),))
-        return self._member()
+            count += 1
+        if tok.text == "-" and count == 1 and nxt.kind in ("int", "hex", "float") and not nxt.text.endswith(("u", "U")):
+            self.i += 1  # fold "-literal" so that -9223372036854775808 is representable
+            return self._member_suffix(self._number(nxt, negative=True))
+        operand = self._unary()
+        if count % 2 == 0:  # cel-go drops an even run (`!!x` is `x`), which the cost counts
+            return operand
+        return ast.Call(tok.pos, f"{tok.text}_", (operand,))
 
     def _member(self) -> ast.Node:
         return self._member_suffix(self._primary())
@@ -408,7 +410,7 @@ class Parser:
         if name in ("transformList", "transformMap", "transformMapEntry") and n in (3, 4):
             var, var2 = self._var(args[0]), self._var(args[1])
             body, transform = (args[2], args[3]) if n == 4 else (ast.Const(pos, True), args[2])
-            return ast.Comprehension(pos, name, target, var, var2, body, transform)
+            return ast.Comprehension(pos, name, target, var, var2, body, transform, filtered=n == 4)
         return ast.Call(pos, name, tuple(args), target)
 
 

@@ -13,8 +13,8 @@ from collections import OrderedDict
 from functools import cache
 from typing import Any, Final
 
-from dra_driver.cel import cost
-from dra_driver.cel.checker import CheckEnv, check, dra_env
+from dra_driver.cel import ast, cost
+from dra_driver.cel.checker import CheckEnv, Checker, check, dra_env
 from dra_driver.cel.device import CelDevice
 from dra_driver.cel.errors import CelCompileError, CelRuntimeError, CostLimitExceeded, EvalError
 from dra_driver.cel.extlib import EXT_DECLS
@@ -157,22 +157,31 @@ def _environment(features: Features) -> CheckEnv:
 
 def _compile(expression: str, features: Features) -> Selector | CelCompileError:
     try:
-        tree = parse(expression)
-        result_type, _ = check(tree, expression, _environment(features))
+        return build(expression, features, _environment(features))[0]
     except CelCompileError as err:
-        return CelCompileError(f"compilation failed: {err}")
+        return err.with_traceback(None)  # cached: must not keep the compile's frames alive
+
+
+def build(expression: str, features: Features, env: CheckEnv) -> tuple[Selector, ast.Node, Checker]:
+    """Parse, check in `env`, validate and compile, as compile.go's CompileCELExpression does; also returns the
+    checked tree (for the cost estimator). Raises `CelCompileError` with Kubernetes' message."""
+    try:
+        tree = parse(expression)
+        result_type, checker = check(tree, expression, env)
+    except CelCompileError as err:
+        raise CelCompileError(f"compilation failed: {err}") from None
     except RecursionError:
-        return CelCompileError("compilation failed: expression nesting exceeds the supported depth")
+        raise CelCompileError("compilation failed: expression nesting exceeds the supported depth") from None
     # compile.go accepts bool, the attribute type `any`, and `dyn` once attributes may be lists
     if result_type not in (BOOL, ANY) and not (features.list_type_attributes and result_type == DYN):
-        return CelCompileError(f"must evaluate to bool or the unknown type, not {result_type}")
+        raise CelCompileError(f"must evaluate to bool or the unknown type, not {result_type}")
     failure = instantiation_error(tree)
     if failure is not None:
-        return CelCompileError(f"program instantiation failed: {failure}")
+        raise CelCompileError(f"program instantiation failed: {failure}")
     try:
-        fn, _ = Compiler(expression).compile(tree, dict(VARIABLES))
+        fn, _ = Compiler(expression, checker.resolved).compile(tree, dict(VARIABLES))
     except CelCompileError as err:
-        return CelCompileError(f"compilation failed: {err}")
+        raise CelCompileError(f"compilation failed: {err}") from None
     except RecursionError:
-        return CelCompileError("compilation failed: expression nesting exceeds the supported depth")
-    return Selector(expression, fn, plan_keys(tree))
+        raise CelCompileError("compilation failed: expression nesting exceeds the supported depth") from None
+    return Selector(expression, fn, plan_keys(tree)), tree, checker

@@ -8,9 +8,13 @@ import subprocess
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, compile_selector
+from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, Features, ast, compile_selector
+from dra_driver.cel.checker import check, dra_env
+from dra_driver.cel.estimate import check_new_selector
+from dra_driver.cel.extlib import EXT_DECLS
+from dra_driver.cel.parser import parse
 
 Kind = Literal["true", "false", "compile_error", "runtime_error", "crash", "input_error", "panic"]
 
@@ -27,6 +31,7 @@ class Case:
 class Outcome:
     kind: str
     message: str = ""
+    cost: int | None = None  # the runtime cost, when the evaluation ran (celeval reports it)
 
 
 def ours(case: Case) -> Outcome:
@@ -47,21 +52,61 @@ def ours(case: Case) -> Outcome:
         return Outcome("crash", f"evaluate: {type(err).__name__}: {err}")
 
 
-def kubernetes(binary: Path, cases: list[Case], timeout: float = 600) -> list[Outcome]:
-    """Every case through one celeval process (it compiles each distinct expression once)."""
+def ours_with_cost(case: Case) -> Outcome:
+    """Like `ours`, evaluated afresh (no memo) to read the cost it charged."""
+    try:
+        selector = compile_selector(case.expression)
+    except CelCompileError as err:
+        return Outcome("compile_error", str(err))
+    raw: dict[str, Any] = json.loads(case.device)
+    try:
+        result = selector.evaluate(CelDevice.from_slice_device(raw["driver"], raw))
+    except CelRuntimeError as err:
+        return Outcome("runtime_error", str(err), selector.last_cost)
+    except Exception as err:
+        return Outcome("crash", f"evaluate: {type(err).__name__}: {err}")
+    return Outcome("true" if result else "false", cost=selector.last_cost)
+
+
+# Macros whose cost or result depends on the order of iteration: over a map, Kubernetes' order is random.
+_ORDER_SENSITIVE: Final = frozenset({"all", "exists", "map", "filter", "transformList", "sortBy"})
+
+
+def order_dependent(expression: str) -> bool:
+    """Whether Kubernetes' cost may vary from run to run: a short-circuiting or list-building macro over a range
+    that is not statically a list (a map, or an attribute)."""
+    try:
+        tree = parse(expression)
+        _, checker = check(tree, expression, dra_env(False, EXT_DECLS))
+    except CelCompileError:
+        return False
+    return any(
+        isinstance(n, ast.Comprehension) and n.macro in _ORDER_SENSITIVE and checker.final(n.target).kind != "list"
+        for n in ast.walk(tree)
+    )
+
+
+def kubernetes(binary: Path, cases: list[Case], timeout: float = 600, flags: tuple[str, ...] = ()) -> list[Outcome]:
+    """Every case through one celeval process (it compiles each distinct expression once); `flags` are celeval's
+    (feature gates)."""
     lines = [
         json.dumps({"id": str(i), "expression": c.expression, "device": json.loads(c.device)})
         for i, c in enumerate(cases)
     ]
     proc = subprocess.run(
-        [str(binary)], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=timeout, check=False
+        [str(binary), *flags],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"celeval exited {proc.returncode}: {proc.stderr[-2000:]}")
     results = [json.loads(line) for line in proc.stdout.splitlines()]
     if [r["id"] for r in results] != [str(i) for i in range(len(cases))]:
         raise RuntimeError(f"celeval answered {len(results)} lines for {len(cases)} cases, or out of order")
-    return [Outcome(r["outcome"], r.get("message", "")) for r in results]
+    return [Outcome(r["outcome"], r.get("message", ""), r.get("cost")) for r in results]
 
 
 def signature(message: str) -> str:
@@ -123,3 +168,44 @@ def compare(cases: list[Case], theirs: list[Outcome]) -> Report:
     for case, k in zip(cases, theirs, strict=True):
         report.add(case, k, ours(case))
     return report
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The API server's verdict on a new selector: outcome "ok" / "compile_error" / "too_complex" (or "too_long"
+    on our side, which celeval does not check), and the estimated max cost when it compiles."""
+
+    outcome: str
+    max_cost: int | None = None
+    message: str = ""
+
+
+def kubernetes_estimates(binary: Path, expressions: list[str], *flags: str, timeout: float = 600) -> list[Estimate]:
+    """`celeval -estimate` (validateCELSelector without the length check) for every expression, in order."""
+    lines = [
+        json.dumps({"id": str(i), "expression": e, "device": {"driver": "gpu.dra-driver.dev"}})
+        for i, e in enumerate(expressions)
+    ]
+    proc = subprocess.run(
+        [str(binary), "-estimate", *flags],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"celeval -estimate exited {proc.returncode}: {proc.stderr[-2000:]}")
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    if [r["id"] for r in results] != [str(i) for i in range(len(expressions))]:
+        raise RuntimeError(f"celeval answered {len(results)} lines for {len(expressions)} expressions, or out of order")
+    return [Estimate(r["outcome"], r.get("max_cost"), r.get("message", "")) for r in results]
+
+
+def our_estimate(expression: str, features: Features) -> Estimate:
+    """Our verdict, without the length check (as celeval); a crash is its own outcome, not a harness failure."""
+    try:
+        verdict = check_new_selector(expression, features, check_length=False)
+    except Exception as err:
+        return Estimate("crash", None, f"{type(err).__name__}: {err}")
+    return Estimate(verdict.outcome, verdict.cost.max if verdict.cost is not None else None, verdict.message)
