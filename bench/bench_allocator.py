@@ -24,7 +24,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 and 100 nodes, one claim per node")
     parser.add_argument("--nodes", default="20,100,500")
     parser.add_argument("--per-node", type=float, default=1.0, help="claims per node")
-    parser.add_argument("--max-claims", type=int, default=200, help="ours takes ~0.4 s a claim on 2 loaded cores")
+    parser.add_argument(
+        "--max-claims", type=int, default=200, help="claims at most (Go takes ~0.3 s a claim at 500 nodes)"
+    )
     args = parser.parse_args()
     sizes = [20, 100] if args.quick else [int(n) for n in args.nodes.split(",")]
     per_node = 1.0 if args.quick else args.per_node

@@ -22,6 +22,7 @@ from dra_driver.plugin import features
 from dra_driver.report.cli import add_subcommand as add_report_subcommand
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
+from dra_driver.slices.devices import DEFAULT_MODE
 from dra_driver.slices.model import ResourceSlice
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
@@ -56,7 +57,7 @@ def _add_slice_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mode",
         choices=[m.value for m in PublishMode],
-        default=PublishMode.PARTITIONABLE.value,
+        default=DEFAULT_MODE.value,
         help="partitionable: GPUs + MIG partitions carved on demand; static: existing MIG devices; "
         "gpus: whole GPUs only",
     )

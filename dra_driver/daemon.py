@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import REGISTRY, start_http_server
 
 from dra_driver import memory
-from dra_driver.health import ClaimStatusReporter, HealthAdminServer, HealthMonitor, publishable
-from dra_driver.health.admin import SOCKET_NAME
-from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
+from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS, HealthMonitor, publishable
 from dra_driver.kube.rest import KubeRest, connect
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
@@ -138,7 +136,12 @@ def _run_served(
 ) -> None:
     """What runs beside the kubelet plugin: telemetry, node labels, device health, the pool's publisher; then
     rediscovery until `stop`. Each part started registers its stop in `cleanup`."""
+    from dra_driver.plugin import selectors
+
+    selectors.warm_up()  # the CEL environment, before the first prepare needs it
     from dra_driver.controller.publisher import Publisher
+    from dra_driver.health.admin import SOCKET_NAME, HealthAdminServer
+    from dra_driver.health.claim_status import ClaimStatusReporter
     from dra_driver.labels import apply_node_labels, node_labels
     from dra_driver.slices.builder import build_slices
     from dra_driver.telemetry import ReservedPods, register_gpu_metrics

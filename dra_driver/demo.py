@@ -28,9 +28,11 @@ from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices import attributes as A
 from dra_driver.slices.builder import build_slices
+from dra_driver.slices.devices import PublishMode
 from dra_driver.slices.naming import MigRef, parse_device_name
 
 NODE, NS = "demo-node", "default"
+MODE = PublishMode.PARTITIONABLE  # the in-process demo carves MIG partitions
 
 
 def _class(name: str, expression: str) -> dict[str, Any]:
@@ -93,7 +95,8 @@ def run_demo(machine: str, driver_name: str = A.DEFAULT_DRIVER_NAME, workdir: Pa
             inventory = discover(sim, sim.sysfs_root)
         print(f"    {len(inventory.gpus)} x {inventory.gpus[0].product_name}, driver {inventory.driver_version}")
         with _step("building this node's ResourceSlices (Kubernetes 1.35 layout)"):
-            slices = [s.to_api() for s in build_slices(inventory, node_name=NODE, driver=driver_name)]
+            # the partitionable layout: the demo carves MIG partitions (the daemon's default is static)
+            slices = [s.to_api() for s in build_slices(inventory, node_name=NODE, driver=driver_name, mode=MODE)]
         devices = sum(len(s["spec"].get("devices") or []) for s in slices)
         print(f"    {len(slices)} slices, {devices} devices (whole GPUs and every MIG placement)")
         classes, claims = _classes(driver_name), sample_claims(driver_name)
@@ -103,7 +106,9 @@ def run_demo(machine: str, driver_name: str = A.DEFAULT_DRIVER_NAME, workdir: Pa
             if outcome.allocation is not None:
                 claim["status"] = {"allocation": outcome.allocation}
         allocated = [c for c in claims if "status" in c]
-        settings = PluginSettings(driver=driver_name, pool=NODE, plugin_dir=root / "plugin", cdi_root=root / "cdi")
+        settings = PluginSettings(
+            driver=driver_name, pool=NODE, plugin_dir=root / "plugin", cdi_root=root / "cdi", mode=MODE
+        )
         plugin = Driver(settings, sim, StaticClaimSource(claims, classes), sysfs_root=sim.sysfs_root,
                         proc_root=sim.proc_root, boot_id="demo", driver_root=sim.driver_root)  # fmt: skip
         sockets = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # AF_UNIX paths must stay short

@@ -11,6 +11,7 @@ from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
+from dra_driver.slices.devices import PublishMode
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"
@@ -85,7 +86,8 @@ class Node:
 
     def driver(self, boot_id: str = "boot-1", sharing_runner: Any = None, **settings: Any) -> Driver:
         """Start the plugin core on this node; `settings` override PluginSettings fields (mode, feature_gates)."""
-        fields = {"driver": DRIVER, "pool": NODE, "plugin_dir": self.plugin_dir, "cdi_root": self.cdi_root, **settings}
+        fields = {"driver": DRIVER, "pool": NODE, "plugin_dir": self.plugin_dir, "cdi_root": self.cdi_root,
+                  "mode": PublishMode.PARTITIONABLE, **settings}  # fmt: skip
         return Driver(
             PluginSettings(**fields),
             self.sim,

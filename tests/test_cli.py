@@ -25,6 +25,8 @@ def test_inventory_json_is_a_list_of_full_objects(tmp_path: Path) -> None:
         "inventory",
         "--sim",
         "dgx-h100",
+        "--mode",
+        "partitionable",
         "--k8s-version",
         "1.35",
         "--node-name",
@@ -52,8 +54,18 @@ def test_inventory_yaml_is_a_stream_of_slices(tmp_path: Path) -> None:
     assert len(docs) == 1 and len(docs[0]["spec"]["devices"]) == 8
 
 
+def test_the_default_mode_publishes_whole_gpus_and_existing_mig_devices(tmp_path: Path) -> None:
+    """static, for the scheduler's sake (README "ResourceSlices"); MIG partitions on demand are opt-in."""
+    out = _run("inventory", "--sim", "dgx-h100", "--k8s-version", "1.36", "-o", "json", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    items = json.loads(out.stdout)["items"]
+    devices = [d for s in items for d in s["spec"].get("devices") or []]
+    assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(8)]
+    assert not any(s["spec"].get("sharedCounters") for s in items)
+
+
 def test_table_and_sim_list(tmp_path: Path) -> None:
-    out = _run("inventory", "--sim", "mixed", "-o", "table", tmp_path=tmp_path)
+    out = _run("inventory", "--sim", "mixed", "--mode", "partitionable", "-o", "table", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "NVIDIA L40S" in out.stdout and "3 counter sets" in out.stdout
     listed = _run("sim", "list", tmp_path=tmp_path)

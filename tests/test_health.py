@@ -8,8 +8,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.health import HealthMonitor, publishable
-from dra_driver.health.monitor import GPU_LEVEL
+from dra_driver.health.monitor import GPU_LEVEL, HealthMonitor, publishable
 from dra_driver.plugin.driver import Driver
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices

@@ -19,8 +19,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from dra_driver.health import HealthAdminServer
-from dra_driver.health.admin import AdminError, request
+from dra_driver.health.admin import AdminError, HealthAdminServer, request
 from tests.plugin_helpers import DRIVER, Node
 from tests.test_health import Health, eventually
 

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dra_driver import daemon
-from dra_driver.health import HealthMonitor
+from dra_driver.health.monitor import HealthMonitor
 from dra_driver.nvml.source import NvmlSource
 from dra_driver.plugin.driver import PluginSettings
 from dra_driver.simulator.nvml import SimulatedNvml

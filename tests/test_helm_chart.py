@@ -269,6 +269,13 @@ def test_device_classes_are_those_of_deviceclasses_dir(helm: Helm) -> None:
     assert not [o for o in _render(helm, "--set", "deviceClasses.enabled=false") if o["kind"] == "DeviceClass"]
 
 
+def test_the_charts_default_mode_is_the_daemons() -> None:
+    """One default publish mode (dra_driver.slices.devices.DEFAULT_MODE), in the chart's values too."""
+    from dra_driver.slices.devices import DEFAULT_MODE
+
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["mode"] == DEFAULT_MODE.value
+
+
 def test_bad_values_fail_the_render(helm: Helm) -> None:
     for values, message in (
         (("--set", "nvml.backend=fake"), "nvml.backend must be real or simulator"),

@@ -32,5 +32,13 @@ def test_the_daemon_does_not_import_the_kubernetes_client(statement: str) -> Non
 
 def test_the_publisher_telemetry_and_labels_are_imported_only_once_the_daemon_serves() -> None:
     later = ["dra_driver.controller.publisher", "dra_driver.slices.builder", "dra_driver.telemetry"]
-    later.append("dra_driver.labels")
+    later += ["dra_driver.labels", "dra_driver.health.admin", "dra_driver.health.claim_status"]
     assert _imported_after("import dra_driver.daemon", later) == []
+
+
+def test_the_cel_environment_loads_once_the_daemon_serves() -> None:
+    """A third of the start-up: `dra-driver plugin` (its argument parser included) serves first, then loads it."""
+    heavy = ["dra_driver.cel.program", "dra_driver.cel.device", "dra_driver.cel.checker", "dra_driver.cel.estimate"]
+    assert _imported_after("import dra_driver.cli, dra_driver.daemon, dra_driver.plugin.driver", heavy) == []
+    warm = _imported_after("from dra_driver.plugin import selectors\nselectors.warm_up()", heavy)
+    assert set(heavy[:2]) <= set(warm)  # what the first selector check needs

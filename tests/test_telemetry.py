@@ -221,7 +221,7 @@ def test_registering_reads_no_gpu(node: Node) -> None:
 
 # ----- XIDs from the health monitor -----------------------------------------------------------------------------
 def test_injected_xids_are_counted_per_device_ignored_ones_too(node: Node) -> None:
-    from dra_driver.health import HealthMonitor
+    from dra_driver.health.monitor import HealthMonitor
 
     mig_claim = claim([MIG_DEVICE], name="train", device_class="mig")
     node.add(mig_claim)

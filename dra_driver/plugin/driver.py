@@ -62,7 +62,7 @@ from dra_driver.sharing import (
 )
 from dra_driver.sharing.mps_launch import MpsLauncher
 from dra_driver.sharing.tmpfs import ShmMounter
-from dra_driver.slices.devices import PublishMode
+from dra_driver.slices.devices import DEFAULT_MODE, PublishMode
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class PluginSettings:
     pool: str  # the node name
     plugin_dir: Path
     cdi_root: Path
-    mode: PublishMode = PublishMode.PARTITIONABLE
+    mode: PublishMode = DEFAULT_MODE
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(features.DEFAULTS))
     # NVIDIA's `nvidia-cdi-hook` (or `nvidia-ctk`) on the host: CDI specs then carry its update-ldcache and
     # create-symlinks hooks instead of a bind mount per library link (cdi.driverfiles.common_edits)
@@ -316,8 +316,12 @@ class Driver:
                 for p in planned
             ],
         )
-        self.checkpoint.put(entry)
-        crashpoints.reached("prepare.started-recorded")
+        if not all(p.entry.profile is None and (p.config is None or p.config.sharing is None) for p in planned):
+            # MIG devices to carve or sharing to set up: recorded before the node changes. A claim of whole GPUs
+            # without sharing changes nothing but its CDI spec, which PrepareCompleted records once it is written
+            # (a crash before leaves a spec no claim owns, which start-up removes): one checkpoint write, not two.
+            self.checkpoint.put(entry)
+            crashpoints.reached("prepare.started-recorded")
         try:
             nodes: dict[str, list[CharDevice]] = {}
             uuids: list[str] = []
@@ -486,8 +490,11 @@ class Driver:
         MIG mode, CDI spec, and last the checkpoint entry. Safe to repeat after a failure or a crash at any step."""
         if entry.state is not ClaimState.UNPREPARE_STARTED:
             entry.state = ClaimState.UNPREPARE_STARTED  # from here on it is never answered as prepared
-            self.checkpoint.put(entry)
-            crashpoints.reached("unprepare.started-recorded")
+            if not self._only_a_cdi_spec(entry):
+                self.checkpoint.put(entry)
+                crashpoints.reached("unprepare.started-recorded")
+            # else: the spec is removed, then the entry dropped; a crash between leaves a PrepareCompleted claim
+            # whose spec is gone, which start-up undoes (and the kubelet repeats the unprepare anyway)
         self.sharing.undo(entry.uid, entry.devices, self._others(entry.uid))
         crashpoints.reached("unprepare.sharing-undone")
         others = {
@@ -534,6 +541,14 @@ class Driver:
         crashpoints.reached("unprepare.cdi-removed")
         self.checkpoint.drop(entry.uid)
         crashpoints.reached("unprepare.dropped")
+
+    def _only_a_cdi_spec(self, entry: ClaimEntry) -> bool:
+        """Whether all the claim holds on the node is its CDI spec: whole GPUs, no sharing applied."""
+        for d in entry.devices:
+            cat = self.catalog.get(d.device)
+            if d.mig is not None or d.sharing is not None or cat is None or cat.profile is not None:
+                return False
+        return True
 
     def _destroy_orphans(self, gpu_uuid: str, minor: int, profile_ids: list[int], recorded: list[LiveMig]) -> None:
         handle = self.lib.nvmlDeviceGetHandleByUUID(gpu_uuid)

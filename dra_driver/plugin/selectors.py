@@ -7,10 +7,19 @@ device that does not match what the user asked for.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
-from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, compile_selector
 from dra_driver.slices.model import Device
+
+# The CEL environment is a third of the daemon's imports: it loads once the daemon serves the kubelet (`warm_up`,
+# from the daemon), or at the first selector check, not before.
+CEL_MODULES = ("dra_driver.cel.program", "dra_driver.cel.device", "dra_driver.cel.errors")
+
+
+def warm_up() -> None:
+    for name in CEL_MODULES:
+        importlib.import_module(name)
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,10 @@ def check_selectors(driver: str, device: Device, checks: list[SelectorCheck]) ->
     """None when every selector matches, else why not (Kubernetes' wording for CEL errors)."""
     if not checks:
         return None
+    from dra_driver.cel.device import CelDevice
+    from dra_driver.cel.errors import CelCompileError, CelRuntimeError
+    from dra_driver.cel.program import compile_selector
+
     cel_device = CelDevice.from_slice_device(driver, device.to_api())
     for check in checks:
         where = f"{check.source}: selector #{check.index}"

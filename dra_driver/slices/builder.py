@@ -69,7 +69,7 @@ def build_slices(
     node_name: str,
     driver: str = DEFAULT_DRIVER_NAME,
     k8s_version: str | int = "1.35",
-    mode: PublishMode = PublishMode.PARTITIONABLE,
+    mode: PublishMode = PublishMode.PARTITIONABLE,  # the full layout; the daemon's default is DEFAULT_MODE
     taints: Mapping[str, list[DeviceTaint]] | None = None,
     generation: int = 1,
     node_uid: str | None = None,

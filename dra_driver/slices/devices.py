@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Final
 
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
 from dra_driver.slices import attributes as A
@@ -30,6 +31,12 @@ class PublishMode(StrEnum):
     STATIC = "static"  # whole GPUs with MIG off + the MIG devices that already exist; no counters
     GPUS = "gpus"  # whole GPUs only; no counters
     SHARED = "shared"  # whole GPUs that several claims share, each taking part of the memory (consumable capacity)
+
+
+# The daemon's and the chart's default. MIG partitions carved on demand cost the kube-scheduler two orders of
+# magnitude of throughput on a 100-node cluster (bench/bench_scheduler.py; README "ResourceSlices"), so they are
+# opt-in, as NVIDIA's DynamicMIG is; static publishes whole GPUs and the MIG devices an admin created.
+DEFAULT_MODE: Final = PublishMode.STATIC
 
 
 @dataclass

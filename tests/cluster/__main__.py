@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         default=PublishMode.PARTITIONABLE.value,
         choices=[m.value for m in PublishMode],
-        help="what the driver publishes (--real-node; the chart's `mode`, default partitionable)",
+        help="what the driver publishes (--real-node; the chart's `mode`; default partitionable, so that the demo's "
+        "MIG claims run: the chart's own default is static)",
     )
     up.add_argument("--work-dir", type=Path, default=None, help="use this directory instead of a temporary one")
     up.add_argument("--keep", action="store_true", help="keep the work directory (logs, etcd data) on exit")
