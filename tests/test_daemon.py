@@ -62,7 +62,8 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "dra_driver", "plugin", "--sim", "dgx-a100", "--sim-state", str(state),
+    cmd = [sys.executable, "-m", "dra_driver", "plugin", "--sim", "dgx-a100", "--mode", "partitionable",
+           "--sim-state", str(state),
            "--node-name", NODE, "--kubeconfig", str(cp.kubeconfig), "--plugin-dir", str(sockets / "plugin"),
            "--registry-dir", str(sockets / "registry"), "--cdi-root", str(tmp_path / "cdi"),
            "--rediscover-seconds", "0.5", "--metrics-port", str(port)]  # fmt: skip

@@ -22,6 +22,7 @@ from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as D
 from dra_driver.slices.builder import build_slices
+from dra_driver.slices.devices import PublishMode
 from tests.kubelet_harness import KubeletHarness
 from tests.polling import wait_for
 from tests.test_publisher import api_client, pool_complete
@@ -66,7 +67,9 @@ class Node:
         self.sim = SimulatedNvml("dgx-h100", tmp / "gpu")
         api = api_client(cp.kubeconfig)
         self.cdi_root = tmp / "cdi"
-        settings = PluginSettings(driver=D, pool=NODE, plugin_dir=tmp / "plugin-state", cdi_root=self.cdi_root)
+        settings = PluginSettings(
+            driver=D, pool=NODE, plugin_dir=tmp / "plugin-state", cdi_root=self.cdi_root, mode=PublishMode.PARTITIONABLE
+        )
         self.driver = Driver(settings, self.sim, KubeClaimSource(api), sysfs_root=self.sim.sysfs_root,
                              proc_root=self.sim.proc_root, boot_id="e2e")  # fmt: skip
         self.publisher = Publisher(

@@ -144,7 +144,7 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
         "--host-driver-root=/",
         "--node-name=$(NODE_NAME)",
         f"--driver={DEFAULT_DRIVER}",
-        "--mode=partitionable",
+        "--mode=static",  # the chart's default (DEFAULT_MODE)
         f"--plugin-dir=/var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
         "--registry-dir=/var/lib/kubelet/plugins_registry",
         "--pod-uid=$(POD_UID)",

@@ -15,6 +15,7 @@ from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.grpc import PluginServer
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.slices.devices import PublishMode
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import DRIVER, GPU_CLASS, MIG_CLASS, claim, ref
 from tests.test_publisher import api_client
@@ -65,7 +66,13 @@ def test_prepare_with_claims_from_the_api_server(control_plane, tmp_path: Path) 
         for c in created
     ]
     sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
-    settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=tmp_path / "plugin", cdi_root=tmp_path / "cdi")
+    settings = PluginSettings(
+        driver=DRIVER,
+        pool=NODE,
+        plugin_dir=tmp_path / "plugin",
+        cdi_root=tmp_path / "cdi",
+        mode=PublishMode.PARTITIONABLE,
+    )
     source = KubeClaimSource(api_client(control_plane.kubeconfig))
     d = Driver(settings, sim, source, sysfs_root=sim.sysfs_root, proc_root=sim.proc_root, boot_id="b")
     try:
@@ -94,7 +101,13 @@ def test_a_stopped_api_server_costs_prepares_their_deadline_and_unprepares_nothi
     cp.kubectl("apply", "-f", "-", input=json.dumps({**gpu_class, "spec": GPU_CLASS["spec"]}))
     prepared, waiting = (_create(cp, claim([d], device_class="api-gpu", pool=NODE)) for d in ("gpu-3", "gpu-4"))
     sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
-    settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=tmp_path / "plugin", cdi_root=tmp_path / "cdi")
+    settings = PluginSettings(
+        driver=DRIVER,
+        pool=NODE,
+        plugin_dir=tmp_path / "plugin",
+        cdi_root=tmp_path / "cdi",
+        mode=PublishMode.PARTITIONABLE,
+    )
     d = Driver(settings, sim, KubeClaimSource(api_client(cp.kubeconfig), request_timeout=10), sysfs_root=sim.sysfs_root,
                proc_root=sim.proc_root, boot_id="b")  # fmt: skip
     sockets = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # AF_UNIX paths are short

@@ -75,7 +75,8 @@ def run(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     store = TelemetryStore(state)
     port = free_port()
     sockets = Path(f"/tmp/dra-gh-{os.getpid()}")
-    cmd = [sys.executable, "-m", "dra_driver", "plugin", "--sim", "mixed", "--sim-state", str(state),
+    cmd = [sys.executable, "-m", "dra_driver", "plugin", "--sim", "mixed", "--mode", "partitionable",
+           "--sim-state", str(state),
            "--node-name", NODE, "--kubeconfig", str(cp.kubeconfig), "--plugin-dir", str(sockets / "plugin"),
            "--registry-dir", str(sockets / "registry"), "--cdi-root", str(tmp / "cdi"),
            "--metrics-port", str(port)]  # fmt: skip

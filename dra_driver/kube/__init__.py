@@ -1,6 +1,6 @@
 """The Kubernetes API as the node daemon uses it: a small REST client over urllib3 (`rest`), configured from a
-kubeconfig or the pod's service account (`config`). The official client's ~700 model modules cost the daemon
-about half a second of start-up and 8 MB; every object the daemon reads or writes is plain JSON anyway."""
+kubeconfig or the pod's service account (`config`). The official client's ~700 model modules would cost the daemon
+8 MB and 0.15 s of start-up; every object the daemon reads or writes is plain JSON anyway."""
 
 from dra_driver.kube.config import ClusterConfig, in_cluster, load_kubeconfig
 from dra_driver.kube.rest import ApiError, KubeRest, Watch, as_rest, connect, path_of
