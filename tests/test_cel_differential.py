@@ -18,7 +18,7 @@ from typing import Final
 import pytest
 
 from tests.cel_corpus.devices import DEFAULT_DEVICES, named_devices
-from tests.cel_corpus.generator import ATOMS, generate
+from tests.cel_corpus.generator import ATOMS, SHARED, generate
 from tests.cel_corpus.handwritten import cases as handwritten
 from tests.cel_corpus.runner import Case, Outcome, Report, compare, kubernetes, ours
 from tests.test_cel_ext_support import celeval_binary
@@ -95,7 +95,7 @@ def test_generator_is_seeded_and_mixes_every_library() -> None:
     a, b = generate(SEED, 300), generate(SEED, 300)
     assert a == b and a != generate(SEED + 1, 300)
     categories = {category for category, _, _ in generate(SEED, 1000)}
-    assert {f"gen-{lib}" for lib in ATOMS} | {"gen-mixed"} <= categories
+    assert {f"gen-{lib}" for lib in ATOMS} | {f"gen-{lib}" for lib, _ in SHARED.values()} | {"gen-mixed"} <= categories
     assert any("cel.bind(" in expr for _, expr, _ in a)
     assert len({device for _, _, device in a}) > 50  # many devices, not one
 
@@ -126,5 +126,5 @@ def test_kubernetes_runner_refuses_a_short_or_reordered_answer(tmp_path: Path) -
     fake.write_text('#!/bin/sh\ncat >/dev/null\necho \'{"id": "1", "outcome": "true"}\'\n')
     fake.chmod(0o755)
     device = json.dumps({"driver": "d", "attributes": {}, "capacity": {}})
-    with pytest.raises(RuntimeError, match="answered 1 lines for 2 cases"):
+    with pytest.raises(RuntimeError, match="answered 1 lines for 2 requests"):
         kubernetes(fake, [Case("t", "true", device), Case("t", "false", device)])

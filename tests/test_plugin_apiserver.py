@@ -101,13 +101,7 @@ def test_a_stopped_api_server_costs_prepares_their_deadline_and_unprepares_nothi
     cp.kubectl("apply", "-f", "-", input=json.dumps({**gpu_class, "spec": GPU_CLASS["spec"]}))
     prepared, waiting = (_create(cp, claim([d], device_class="api-gpu", pool=NODE)) for d in ("gpu-3", "gpu-4"))
     sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
-    settings = PluginSettings(
-        driver=DRIVER,
-        pool=NODE,
-        plugin_dir=tmp_path / "plugin",
-        cdi_root=tmp_path / "cdi",
-        mode=PublishMode.PARTITIONABLE,
-    )
+    settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=tmp_path / "plugin", cdi_root=tmp_path / "cdi")
     d = Driver(settings, sim, KubeClaimSource(api_client(cp.kubeconfig), request_timeout=10), sysfs_root=sim.sysfs_root,
                proc_root=sim.proc_root, boot_id="b")  # fmt: skip
     sockets = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # AF_UNIX paths are short

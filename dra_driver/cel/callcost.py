@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dra_driver.cel.cost import LIST_CREATE
+from dra_driver.cel.ext.formats import NamedFormat
 from dra_driver.cel.ext.net import CIDR, IP
 from dra_driver.cel.ext.urls import URL
 from dra_driver.cel.quantity import Quantity
@@ -29,6 +30,7 @@ from dra_driver.cel.semver import Semver
 from dra_driver.cel.values import DomainMap, Optional, UInt
 
 STRING_TRAVERSAL: Final = 0.1  # common.StringTraversalCostFactor
+REGEX_LENGTH: Final = 0.25  # common.RegexStringLengthCostFactor
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +136,10 @@ _NOMINAL: Final = frozenset(
         "masked", "prefixLength", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
         "isLinkLocalUnicast", "isGlobalUnicast", "sign", "asInteger", "isInteger", "asApproximateFloat",
         "isGreaterThan", "isLessThan", "compareTo", "add", "sub", "major", "minor", "patch", "getScheme",
-        "getHostname", "getHost", "getPort", "getEscapedPath", "getQuery",
+        "getHostname", "getHost", "getPort", "getEscapedPath", "getQuery", "format.named",
     }
 )  # fmt: skip
-_UNIT_EQUALITY: Final = frozenset({Quantity, Semver, IP, CIDR, URL})  # Kubernetes' types, compared in O(1)
+_UNIT_EQUALITY: Final = frozenset({Quantity, Semver, IP, CIDR, URL, NamedFormat})  # Kubernetes' types, compared in O(1)
 _LENGTH: Final = frozenset({str, bytes, list, dict, DomainMap})
 _SCALAR: Final = frozenset({int, float, bool, UInt, type(None)})
 
@@ -181,6 +183,13 @@ def _contains_ip(args: Sequence[Any], overload: str, cidr_extra: int) -> int:
     return cost
 
 
+def _validate(args: Sequence[Any]) -> int:
+    """A format's validate(): priced as a regex of the format's size over the string (1 if not a format)."""
+    if not isinstance(args[0], NamedFormat):
+        return 1
+    return _factor(1 + actual_size(args[1]), STRING_TRAVERSAL) * _factor(args[0].max_regex_size, REGEX_LENGTH)
+
+
 def _kubernetes(function: str, overload: str) -> CallCost | None:
     if function in _NOMINAL:
         return _ONE
@@ -196,6 +205,8 @@ def _kubernetes(function: str, overload: str) -> CallCost | None:
         return CallCost(lambda _, result: _factor(actual_size(result) * 2, STRING_TRAVERSAL), uses_result=True)
     if function in ("find", "findAll"):
         return CallCost(lambda args, _: _regex(args))
+    if function == "validate":
+        return CallCost(lambda args, _: _validate(args) if len(args) >= 2 else 1)
     if function == "ip":
         return _ONE if overload == "cidr_ip" else _FIRST_TENTH
     if function == "containsIP":

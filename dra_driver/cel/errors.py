@@ -28,8 +28,19 @@ class EvalError(Exception):
         self.message = message
 
 
-class CostLimitExceeded(EvalError):
-    """Not absorbable by `&&`/`||`: cel-go cancels the whole evaluation."""
+class EvaluationAborted(EvalError):
+    """Not absorbable by `&&`/`||` (nor by anything else): the whole evaluation stops."""
+
+
+class GoPanic(EvaluationAborted):
+    """A Go runtime panic inside cel-go's evaluation, which cel-go recovers into an "internal error"."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"internal error: runtime error: {message}")
+
+
+class CostLimitExceeded(EvaluationAborted):
+    """cel-go cancels the whole evaluation."""
 
     def __init__(self) -> None:
         super().__init__("operation cancelled: actual cost limit exceeded")

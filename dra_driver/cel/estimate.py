@@ -801,11 +801,13 @@ _NOMINAL: Final = frozenset(
 )  # fmt: skip
 _PARSERS: Final = frozenset({"cidr", "isIP", "isCIDR", "quantity", "isQuantity", "semver", "isSemver"})
 _NET_BYTES: Final = CostRange(4, 16)  # an IPv4 or IPv6 address
+_MAX_NAME_FORMAT_REGEX: Final = 128  # apiserver/pkg/cel/limits.go MaxNameFormatRegexSize
+_MAX_FORMAT_SIZE: Final = 64  # MaxFormatSize
 
 
 def _library_estimate(function: str, overload: str, target: _Node | None, args: list[_Node]) -> Estimate | None:
     """compile.go's draCostEstimator, then apiserver/pkg/cel/library/cost.go's EstimateCallCost, for the functions
-    this environment declares (the authorizer, selector and format libraries' functions cannot be reached here)."""
+    this environment declares (the authorizer and selector libraries' functions cannot be reached here)."""
     if function == "includes" and overload == "dra_includes_dyn_dyn" and target is not None:
         return CostRange(0, _INCLUDES_MAX) * ONE, None  # like `arg in target`, linear in the list
     if function in _NOMINAL:
@@ -845,6 +847,10 @@ def _library_estimate(function: str, overload: str, target: _Node | None, args: 
             return ONE, None
         if args:
             return _bound(args[0]).factor(STRING_TRAVERSAL), None
+    if function == "validate" and args:  # a format's validate(): the string against the longest name regex
+        return _bound(args[0]).factor(STRING_TRAVERSAL).factor(_MAX_NAME_FORMAT_REGEX * REGEX_LENGTH), None
+    if function == "format.named":
+        return ONE, None
     if function == "ip.isCanonical" and args:
         return _bound(args[0]).factor(2 * STRING_TRAVERSAL), None
     if function in ("containsIP", "containsCIDR") and args:
@@ -858,6 +864,8 @@ def _library_estimate(function: str, overload: str, target: _Node | None, args: 
         kind = args[0].type.kind
         if kind in ("net.IP", "net.CIDR", "kubernetes.Quantity", "kubernetes.Semver"):
             return ONE, None
+        if kind == "kubernetes.NamedFormat":
+            return CostRange(1, _MAX_FORMAT_SIZE).factor(STRING_TRAVERSAL), None
         if kind == "kubernetes.URL":
             size = ONE
             rhs = args[1].size

@@ -23,7 +23,7 @@ from dra_driver.cel import ast, cost
 from dra_driver.cel.callcost import CallCost, call_cost, equality, tenth
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.decls import Decl
-from dra_driver.cel.errors import CelCompileError, CostLimitExceeded, EvalError
+from dra_driver.cel.errors import CelCompileError, EvalError, EvaluationAborted
 from dra_driver.cel.library import FOLDABLE, REGISTRY, SAME_AS_RECEIVER, compile_regex, known_names, no_overload
 from dra_driver.cel.parser import format_error
 from dra_driver.cel.types import (
@@ -54,9 +54,10 @@ from dra_driver.cel.values import (
     DomainMap,
     Optional,
     UInt,
-    cel_equal,
     is_missing,
     map_get,
+    set_contains,
+    set_keys,
     type_name,
 )
 
@@ -70,6 +71,9 @@ _UNSET: Final = object()
 _TYPE_NAMES: Final = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
 # cel-go (matches) and Kubernetes (find, findAll) precompile a constant pattern (interpreter.RegexOptimization)
 _REGEX_OPTIMIZED: Final = frozenset({"matches", "find", "findAll"})
+# Functions cel-go binds once for all their overloads (stdlib operators aside): called directly, never dispatched
+# as varargs (stdlib's size, type, dyn, matches; ext lists' sort)
+_SINGLETON_BOUND: Final = frozenset({"size", "type", "dyn", "matches", "sort"})
 # cel-go's planner folds these when their argument is a constant (decOptimize: maybeOptimizeConstUnary)
 _CONVERSIONS: Final = frozenset(
     {"int", "uint", "double", "bool", "string", "bytes", "timestamp", "duration", "type", "dyn"}
@@ -486,11 +490,13 @@ class Compiler:
         if name in ("or", "orValue") and member:
             return _optional_or(fns[0], fns[1], name == "orValue"), rtype
         args = [target, *node.args] if target is not None else list(node.args)
-        if name == "@in" and _is_set_literal(node.args[1]):
-            assert isinstance(node.args[1], ast.ListLit)
-            if not node.args[1].elements:  # cel-go: a constant `false`, the element not even evaluated
+        if name == "@in" and isinstance(node.args[1], ast.ListLit) and self.is_constant(node.args[1]):
+            items = self.constants[id(node.args[1])]
+            if not items:  # cel-go: a constant `false`, the element not even evaluated
                 return self._constant(node, False), rtype
-            return self._set_membership(fns[0], node.args[1]), rtype
+            keys = set_keys(items)
+            if keys is not None:
+                return self._set_membership(fns[0], keys), rtype
         priced = self._price(node, name)
         constant = all(self.is_constant(arg) for arg in args)
         if constant and not member and (name in _CONVERSIONS or name in FOLDABLE):
@@ -514,6 +520,10 @@ class Compiler:
             return _equality_call(impl, fns[0], fns[1], name == "_==_"), rtype
         # cel-go compiles a constant pattern once and calls through a varargs call, which stops at a failed argument
         varargs = name in _REGEX_OPTIMIZED and len(args) >= 2 and self.is_constant(args[1])
+        # A call the checker left to several overloads runs through the function's dynamic dispatch, which cel-go
+        # plans as a varargs call unless the function has a single (singleton) binding
+        if len(args) == 2 and name not in _SINGLETON_BOUND and name[0].isalpha():
+            varargs = varargs or len(self.resolved.get(id(node), (name, ()))[1]) > 1
         return _invoke(impl, fns, priced, varargs), rtype
 
     def _price(self, node: ast.Call, name: str) -> CallCost | None:
@@ -525,14 +535,12 @@ class Compiler:
         return call_cost(function, decls[0].overload_id if len(decls) == 1 else "")
 
     @staticmethod
-    def _set_membership(element: Fn, literal: ast.Node) -> Fn:
-        """cel-go's set-membership optimisation: `x in [constants]` becomes a lookup that costs nothing."""
-        assert isinstance(literal, ast.ListLit)
-        items = [e.value for e in literal.elements if isinstance(e, ast.Const)]
+    def _set_membership(element: Fn, keys: frozenset[tuple[str, Any]]) -> Fn:
+        """cel-go's set-membership optimisation: `x in [constant scalars]` becomes a Go map lookup that costs
+        nothing (`values.set_contains`)."""
 
         def member(a: Activation) -> bool:
-            value = element(a)
-            return any(cel_equal(value, item) for item in items)
+            return set_contains(keys, element(a))
 
         return member
 
@@ -616,7 +624,7 @@ class Compiler:
         def logic(a: Activation) -> Any:
             try:
                 lv = left(a)
-            except CostLimitExceeded:
+            except EvaluationAborted:
                 raise
             except EvalError as err:
                 lv = err
@@ -679,7 +687,7 @@ def _invoke(impl: Callable[..., Any], fns: list[Fn], priced: CallCost | None, va
         def call1(a: Activation) -> Any:
             try:
                 value = f0(a)
-            except CostLimitExceeded:
+            except EvaluationAborted:
                 raise
             except EvalError as err:
                 a.charge(1 if price is None else price((err,), None))
@@ -698,7 +706,7 @@ def _invoke(impl: Callable[..., Any], fns: list[Fn], priced: CallCost | None, va
             failed: EvalError | None = None
             try:
                 left = f0(a)
-            except CostLimitExceeded:
+            except EvaluationAborted:
                 raise
             except EvalError as err:
                 if varargs:
@@ -706,7 +714,7 @@ def _invoke(impl: Callable[..., Any], fns: list[Fn], priced: CallCost | None, va
                 left = failed = err
             try:
                 right = f1(a)
-            except CostLimitExceeded:
+            except EvaluationAborted:
                 raise
             except EvalError as err:
                 right = err
@@ -748,13 +756,13 @@ def _equality_call(impl: Callable[..., Any], f0: Fn, f1: Fn, unit: bool) -> Fn:
         failed: EvalError | None = None
         try:
             left = f0(a)
-        except CostLimitExceeded:
+        except EvaluationAborted:
             raise
         except EvalError as err:
             left = failed = err
         try:
             right = f1(a)
-        except CostLimitExceeded:
+        except EvaluationAborted:
             raise
         except EvalError as err:
             right = err
@@ -779,7 +787,7 @@ def _arguments(a: Activation, fns: list[Fn], price: Callable[[Any, Any], int] | 
     for i, fn in enumerate(fns):
         try:
             values.append(fn(a))
-        except CostLimitExceeded:
+        except EvaluationAborted:
             raise
         except EvalError as err:
             values.append(err)
@@ -805,15 +813,6 @@ def _optional_or(lhs: Fn, rhs: Fn, unwrap: bool) -> Fn:
         return rhs(a)
 
     return or_
-
-
-def _is_set_literal(node: ast.Node) -> bool:
-    """A constant list of scalars, which cel-go turns into a set."""
-    return (
-        isinstance(node, ast.ListLit)
-        and not any(node.optional)
-        and all(isinstance(e, ast.Const) and type(e.value) in (int, UInt, float, str, bool) for e in node.elements)
-    )
 
 
 class _Lazy:
@@ -933,7 +932,7 @@ def _quantifier(decisive: bool, name: str, condition: int) -> Callable[..., bool
             _set(a, var, var2, first, second)
             try:
                 value = body(a)
-            except CostLimitExceeded:
+            except EvaluationAborted:
                 raise
             except EvalError as err:
                 error = err

@@ -36,15 +36,18 @@ from dra_driver.cel.types import (
     T,
 )
 from dra_driver.cel.values import (
+    NO_SUCH_OVERLOAD,
     NONE,
     CelType,
     Optional,
     UInt,
     cel_equal,
+    equals,
     is_missing,
     is_number,
     map_get,
     type_name,
+    value_equals,
 )
 
 Impl = Callable[..., Any]
@@ -216,18 +219,23 @@ def _ge(act: Activation, a: Any, b: Any) -> bool:
 def _eq(act: Activation, a: Any, b: Any) -> bool:
     if type(a) is str and type(b) is str:
         return a == b
-    return cel_equal(a, b)
+    result = equals(a, b)  # Kubernetes' types' Equal rejects another type
+    if result is None:
+        raise EvalError(NO_SUCH_OVERLOAD)
+    return result
 
 
 @register("_!=_", False, 2, BOOL)
 def _ne(act: Activation, a: Any, b: Any) -> bool:
-    return not _eq(act, a, b)
+    if type(a) is str and type(b) is str:
+        return a != b
+    return equals(a, b) is not True  # cel-go: `types.Equal(l, r) != types.True`, so never an error
 
 
 @register("@in", False, 2, BOOL)
 def _in(act: Activation, a: Any, b: Any) -> bool:
-    if isinstance(b, list):
-        return any(cel_equal(a, item) for item in b)
+    if isinstance(b, list):  # baseList.Contains: `elem.Equal(item) == True` (no null rule; an error is not a match)
+        return any(value_equals(a, item) is True for item in b)
     if isinstance(b, dict):
         return not is_missing(map_get(b, a))
     raise no_overload("@in", a, b)
@@ -468,7 +476,7 @@ def _char_at(act: Activation, s: Any, i: Any) -> str:
 def _index_of(name: str, act: Activation, s: Any, sub: Any, offset: Any, last: bool) -> int:
     if isinstance(s, list):  # k8s lists library: list.indexOf(x) / lastIndexOf(x)
         positions = range(len(s) - 1, -1, -1) if last else range(len(s))
-        return next((i for i in positions if cel_equal(s[i], sub)), -1)
+        return next((i for i in positions if value_equals(s[i], sub) is True), -1)  # an error is no match
     if type(s) is not str or type(sub) is not str or (offset is not None and type(offset) is not int):
         raise no_overload(name, s, sub)
     if offset is None:
@@ -838,8 +846,8 @@ def _sets(name: str, act: Activation, a: Any, b: Any) -> tuple[list[Any], list[A
 
 @register("sets.contains", False, 2, BOOL)
 def _sets_contains(act: Activation, a: Any, b: Any) -> bool:
-    left, right = _sets("sets.contains", act, a, b)
-    return all(any(cel_equal(x, y) for y in left) for x in right)
+    left, right = _sets("sets.contains", act, a, b)  # baseList.Contains: `x.Equal(y) == True`
+    return all(any(value_equals(x, y) is True for y in left) for x in right)
 
 
 @register("sets.equivalent", False, 2, BOOL)
@@ -850,7 +858,7 @@ def _sets_equivalent(act: Activation, a: Any, b: Any) -> bool:
 @register("sets.intersects", False, 2, BOOL)
 def _sets_intersects(act: Activation, a: Any, b: Any) -> bool:
     left, right = _sets("sets.intersects", act, a, b)
-    return any(any(cel_equal(x, y) for y in left) for x in right)
+    return any(any(value_equals(x, y) is True for y in right) for x in left)
 
 
 # -- k8s Semver library -------------------------------------------------------------------------------------------

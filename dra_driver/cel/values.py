@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from dra_driver.cel.errors import EvalError
+from dra_driver.cel.errors import EvalError, GoPanic
+from dra_driver.cel.ext import CIDR, IP, URL, NamedFormat
 from dra_driver.cel.ext import TYPE_NAMES as _EXT_NAMES
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import Semver
@@ -139,6 +140,108 @@ def cel_equal(left: Any, right: Any) -> bool:
                 return False
         return True
     return bool(left == right)
+
+
+# Kubernetes' own value types, whose Equal() is "no such overload" against any other type.
+_STRICT_EQUAL: Final = (Quantity, Semver, IP, CIDR, URL, NamedFormat)
+NO_SUCH_OVERLOAD: Final = "no such overload"
+
+
+def equals(left: Any, right: Any) -> bool | None:
+    """cel-go's `types.Equal` (what `==` and `!=` run): null equals only null, else `left.Equal(right)`; `None` is
+    the error that Equal returns (Kubernetes' types against another type). `==` fails on it, `!=` is true."""
+    if left is None or right is None:
+        return left is None and right is None
+    return value_equals(left, right)
+
+
+def value_equals(left: Any, right: Any) -> bool | None:
+    """`left.Equal(right)`, by the type of `left`: `None` for an error. A list or map compares its elements with
+    `types.Equal` and is unequal only when one pair is false: an error between elements is passed over."""
+    if isinstance(left, bool):
+        return isinstance(right, bool) and left == right
+    if isinstance(left, int | float):
+        return is_number(right) and bool(left == right)
+    if isinstance(left, _STRICT_EQUAL):
+        if type(right) is not type(left):
+            return None
+        return bool(left == right)
+    if isinstance(left, list):
+        if not isinstance(right, list) or len(left) != len(right):
+            return False
+        return all(equals(a, b) is not False for a, b in zip(left, right, strict=True))
+    if isinstance(left, dict):
+        if not isinstance(right, dict) or len(left) != len(right):
+            return False
+        for key, val in left.items():
+            other = _lookup(right, key)
+            if other is _MISSING or equals(val, other) is False:
+                return False
+        return True
+    if isinstance(left, Optional):
+        if not isinstance(right, Optional):
+            return False
+        if not left.has_value or not right.has_value:
+            return left.has_value == right.has_value
+        return value_equals(left.value, right.value)
+    return type(left) is type(right) and bool(left == right)
+
+
+_UNHASHABLE: Final = {bytes: "types.Bytes", Semver: "cel.Semver", NamedFormat: "cel.Format"}
+
+
+def set_keys(items: list[Any]) -> frozenset[tuple[str, Any]] | None:
+    """cel-go's `x in [constant scalars]` set (maybeOptimizeSetMembership): each element, and its lossless
+    conversions to the other numeric types (an int's double, even when rounded); `None` when an element is not
+    bool, int, uint, double or string (then `in` runs as for any list)."""
+    keys: set[tuple[str, Any]] = set()
+    for item in items:
+        if isinstance(item, bool):
+            keys.add(("b", item))
+        elif isinstance(item, UInt):
+            keys |= {("u", int(item)), ("d", float(item))}
+            if item <= 2**63 - 1:
+                keys.add(("i", int(item)))
+        elif isinstance(item, int):
+            keys.add(("i", item))
+            keys.add(("d", float(item)))
+            if item >= 0:
+                keys.add(("u", item))
+        elif isinstance(item, float):
+            if item == item:
+                keys.add(("d", item))
+            if item.is_integer() and -(2.0**63) < item < 2.0**63:
+                keys.add(("i", int(item)))
+            if item.is_integer() and 0 <= item < 2.0**64:
+                keys.add(("u", int(item)))
+        elif type(item) is str:
+            keys.add(("s", item))
+        else:
+            return None
+    return frozenset(keys)
+
+
+def set_contains(keys: frozenset[tuple[str, Any]], value: Any) -> bool:
+    """A Go map lookup of `value` in `set_keys`: found only as one of those kinds; a Go type that cannot be hashed
+    panics, which Kubernetes reports as an internal error."""
+    if isinstance(value, bool):
+        key: tuple[str, Any] = ("b", value)
+    elif isinstance(value, UInt):
+        key = ("u", int(value))
+    elif isinstance(value, int):
+        key = ("i", value)
+    elif isinstance(value, float):
+        if value != value:
+            return False
+        key = ("d", value)
+    elif type(value) is str:
+        key = ("s", value)
+    else:
+        unhashable = _UNHASHABLE.get(type(value))
+        if unhashable is not None:
+            raise GoPanic(f"hash of unhashable type {unhashable}")
+        return False
+    return key in keys
 
 
 _MISSING: Final = object()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from tests.cel_corpus.formats import COST as FORMAT_COST
+
 D: Final = 'device.attributes["gpu.dra-driver.dev"]'
 C: Final = 'device.capacity["gpu.dra-driver.dev"]'
 
@@ -136,4 +138,14 @@ COST_CASES: Final[list[tuple[str, str]]] = [
     ("errors", f"({C}.nope.isInteger()) || true"),
     ("errors", '(quantity("1 Gi") == quantity("1Ei")) || true'),
     ("errors", f"({D}.uuid.reverse().reverse() == {D}.uuid) || true"),
+    # a call left to runtime dispatch among several overloads is a varargs call: a failed receiver is not charged
+    ("errors", f'({D}.nope.indexOf("0") == 22) || true'),
+    ("errors", f'({D}.nope.lastIndexOf("0") == 22) || true'),
+    ("errors", f"({D}.nope.indexOf({D}.model) == 22) || true"),
+    ("errors", f"(dyn({D}.model).indexOf(dyn(1 / 0)) == 22) || true"),
+    ("errors", f"(dyn(1 / 0).add(dyn(1)) == {C}.memory) || true"),
+    # `in` a constant list of scalars is a set lookup that costs nothing
+    ("functions", f'{D}.model in [dyn("H100"), dyn("A100")] && !({D}.cores in [dyn(1)])'),
+    ("functions", f"!(dyn({C}.memory) in [dyn(1)]) && !(dyn({D}.driverVersion) in [dyn({D}.cores)])"),
+    *FORMAT_COST,  # Kubernetes' format library (tests/cel_corpus/formats.py)
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from tests.cel_corpus.formats import ESTIMATE as FORMAT_ESTIMATE
+
 ESTIMATE_CASES: Final[list[tuple[str, str]]] = [
     ("est-folds", 'device.attributes["d"].x.all(k, k == 1)'),
     ("est-folds", 'device.attributes["d"].exists(k, k == "a")'),
@@ -361,4 +363,5 @@ ESTIMATE_CASES: Final[list[tuple[str, str]]] = [
     ("est-net-url-time", 'int(timestamp("2024-01-01T00:00:00Z")) > 0'),
     ("est-net-url-time", 'string(duration("1s")) == "1s"'),
     ("est-net-url-time", 'timestamp("2024-01-01T00:00:00Z").getHours("UTC") == 0'),
+    *FORMAT_ESTIMATE,  # Kubernetes' format library (tests/cel_corpus/formats.py)
 ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from tests.cel_corpus.formats import cases as format_cases
+
 D: Final = 'device.attributes["gpu.dra-driver.dev"]'
 C: Final = 'device.capacity["gpu.dra-driver.dev"]'
 K8S: Final = 'device.attributes["resource.kubernetes.io"]'
@@ -373,9 +375,107 @@ CHECKER: Final[list[Case]] = [
 ]
 
 
+# `==`, `!=` and `in` with Kubernetes' own types (cel-go's types.Equal and the types' Equal methods; its
+# set-membership lookup for `x in [constant scalars]`), and calls dispatched among several overloads at runtime
+EQUALITY: Final[list[Case]] = [
+    *(
+        ("equality", expression, ("h100",))
+        for expression in (
+            'dyn(ip("1.2.3.4")) == dyn(1)',
+            'dyn(ip("1.2.3.4")) != dyn(1)',
+            'dyn(1) == dyn(ip("1.2.3.4"))',
+            'dyn(ip("1.2.3.4")) == dyn(cidr("1.2.3.0/24"))',
+            'dyn(cidr("1.2.3.0/24")) == dyn(1)',
+            'dyn(cidr("1.2.3.0/24")) != dyn(1)',
+            'dyn(url("https://a")) == dyn(1)',
+            'dyn(url("https://a")) != dyn(1)',
+            'dyn(url("https://a")) == dyn(ip("1.2.3.4"))',
+            'dyn(quantity("1")) == dyn(1)',
+            'dyn(quantity("1")) != dyn(1)',
+            'dyn(1) != dyn(quantity("1"))',
+            'dyn(quantity("1")) == null',
+            'dyn(quantity("1")) != null',
+            'dyn(ip("1.2.3.4")) == dyn(quantity("1"))',
+            'dyn(semver("1.0.0")) == dyn(1)',
+            'dyn(semver("1.0.0")) != dyn(1)',
+            "dyn(format.dns1123Label()) != dyn(1)",
+            'dyn(ip("1.2.3.4")) == dyn(format.dns1123Label())',
+            f"dyn({D}.driverVersion) != dyn({D}.productName)",
+            f"dyn({C}.memory) != dyn({D}.productName)",
+            'dyn(timestamp("2020-01-01T00:00:00Z")) == dyn(1)',
+            "dyn(device) == dyn(device)",
+            # a list or map compares its elements with types.Equal, passing over an error
+            '[dyn(quantity("1"))] == [dyn(1)]',
+            '[dyn(quantity("1"))] != [dyn(1)]',
+            '[dyn(1)] == [dyn(quantity("1"))]',
+            "[dyn(format.dns1123Label())] == [dyn(1)]",
+            '[dyn(ip("1.2.3.4"))] == [dyn(1)]',
+            '[dyn(semver("1.0.0"))] == [dyn(1)]',
+            '[dyn(url("https://a"))] == [dyn(1)]',
+            '[[dyn(quantity("1"))]] == [[dyn(1)]]',
+            '[optional.of(dyn(quantity("1")))] == [optional.of(dyn(1))]',
+            '{"a": dyn(quantity("1"))} == {"a": dyn(1)}',
+            '{"a": dyn(ip("1.2.3.4"))} == {"a": dyn(1)}',
+            f'dyn({{"model": dyn(quantity("1"))}}) == dyn({{"model": dyn({D}.model)}})',
+            # an optional compares its values with Equal: an error stays one
+            "optional.of(dyn(format.dns1123Label())) == optional.of(dyn(1))",
+            'optional.of(dyn(ip("1.2.3.4"))) == optional.of(dyn(1))',
+            'optional.of(dyn(1)) == optional.of(dyn(ip("1.2.3.4")))',
+            'optional.of(dyn(quantity("1"))) == optional.of(null)',
+            'optional.of([dyn(quantity("1"))]) == optional.of([dyn(1)])',
+            # `in` a list: elem.Equal(item) must be true, an error is no match
+            'dyn(quantity("1")) in [dyn(1), dyn(quantity("2"))]',
+            'dyn(quantity("2")) in [dyn(1), dyn(quantity("2"))]',
+            'dyn(null) in [dyn(1), dyn(null), dyn(ip("1.2.3.4"))]',
+            # lists.indexOf / lastIndexOf and ext sets: `x.Equal(y) == True`, an error is no match
+            '[dyn(quantity("1")), dyn(1)].indexOf(dyn(1)) == 1',
+            '[dyn(semver("1.0.0")), dyn("a")].indexOf(dyn("a")) == 1',
+            '[dyn(format.dns1123Label()), dyn("a")].lastIndexOf(dyn("a")) == 1',
+            '[[dyn(quantity("1"))]].indexOf([dyn(1)]) == 0',
+            'sets.intersects([dyn(1)], [dyn(quantity("1"))])',
+            'sets.intersects([dyn(quantity("1"))], [dyn(1)])',
+            'sets.contains([dyn(quantity("1"))], [dyn(1)])',
+            'sets.contains([dyn(1)], [dyn(quantity("1"))])',
+            'sets.equivalent([dyn(quantity("1"))], [dyn(quantity("1"))])',
+            # `in` a constant list of scalars: a Go map lookup, which panics on a type Go cannot hash
+            "1 in [dyn(1)]",
+            '"a" in [dyn(1)]',
+            'dyn(quantity("1")) in [dyn(1)]',
+            'dyn(ip("1.2.3.4")) in [dyn(1), dyn(2)]',
+            "dyn(format.dns1123Label()) in [dyn(1)]",
+            'dyn(semver("1.0.0")) in [dyn(1)]',
+            f"dyn({D}.driverVersion) in [1, 2]",
+            'dyn(b"a") in [1, 2]',
+            "dyn([1]) in [1, 2]",
+            "dyn(optional.of(1)) in [1, 2]",
+            "dyn(1u) in [1, 2] && dyn(1.0) in [1, 2] && dyn(-0.0) in [0]",
+            "dyn(9007199254740992.0) in [9007199254740993]",
+            "dyn(1) in [int(1.0)] && dyn(1) in [uint(1)] && dyn(1) in [1.5, 1.0]",
+            "dyn(18446744073709551615u) in [18446744073709551615.0]",
+            # the panic stops the whole evaluation: `||`, `exists` and `?:` do not absorb it
+            'dyn(semver("1.0.0")) in [dyn(1)] || true',
+            'true || dyn(semver("1.0.0")) in [dyn(1)]',
+            '[1, 2].exists(x, dyn(b"a") in [1] || x == 1)',
+            "[1, 2].all(x, dyn(format.dns1123Label()) in [1]) || true",
+            'true ? (dyn(b"a") in [1]) : true',
+            'false ? (dyn(b"a") in [1]) : true',
+            # several overloads left to runtime dispatch: a varargs call, which stops at a failed receiver
+            f'{D}.nope.indexOf("0") == 22 || true',
+            f'{D}.nope.lastIndexOf("0") == 22 || true',
+            f"{D}.nope.indexOf(dyn({D}.model)) == 22 || true",
+            f'dyn({D}.model).indexOf("1") == 1',
+            'dyn(1/0).add(dyn(1)) == quantity("1") || true',
+            'dyn(quantity("1")).add(dyn(1/0)) == quantity("1") || true',
+            'dyn(1/0).isLessThan(dyn(quantity("1"))) || true',
+        )
+    ),
+]
+
+
 def cases() -> list[tuple[str, str, tuple[str, ...] | None]]:
     """Every hand-written case as (category, expression, device names or None for the defaults)."""
     out: list[tuple[str, str, tuple[str, ...] | None]] = []
-    for case in ISSUE + ORDINARY + CHECKER:
+    for case in ISSUE + ORDINARY + CHECKER + EQUALITY:
         out.append((case[0], case[1], case[2] if len(case) == 3 else None))  # type: ignore[misc]
+    out.extend(format_cases())  # Kubernetes' format library: tests/cel_corpus/formats.py
     return out

@@ -89,10 +89,14 @@ def order_dependent(expression: str) -> bool:
 def kubernetes(binary: Path, cases: list[Case], timeout: float = 600, flags: tuple[str, ...] = ()) -> list[Outcome]:
     """Every case through one celeval process (it compiles each distinct expression once); `flags` are celeval's
     (feature gates)."""
-    lines = [
-        json.dumps({"id": str(i), "expression": c.expression, "device": json.loads(c.device)})
-        for i, c in enumerate(cases)
-    ]
+    requests = [{"expression": c.expression, "device": json.loads(c.device)} for c in cases]
+    results = _celeval(binary, list(flags), requests, timeout)
+    return [Outcome(r["outcome"], r.get("message", ""), r.get("cost")) for r in results]
+
+
+def _celeval(binary: Path, flags: list[str], requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """One celeval process for all `requests` (ids added), its answers in order."""
+    lines = [json.dumps({"id": str(i), **r}) for i, r in enumerate(requests)]
     proc = subprocess.run(
         [str(binary), *flags],
         input="\n".join(lines) + "\n",
@@ -102,11 +106,11 @@ def kubernetes(binary: Path, cases: list[Case], timeout: float = 600, flags: tup
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"celeval exited {proc.returncode}: {proc.stderr[-2000:]}")
+        raise RuntimeError(f"celeval {' '.join(flags)} exited {proc.returncode}: {proc.stderr[-2000:]}")
     results = [json.loads(line) for line in proc.stdout.splitlines()]
-    if [r["id"] for r in results] != [str(i) for i in range(len(cases))]:
-        raise RuntimeError(f"celeval answered {len(results)} lines for {len(cases)} cases, or out of order")
-    return [Outcome(r["outcome"], r.get("message", ""), r.get("cost")) for r in results]
+    if [r["id"] for r in results] != [str(i) for i in range(len(requests))]:
+        raise RuntimeError(f"celeval answered {len(results)} lines for {len(requests)} requests, or out of order")
+    return results
 
 
 def signature(message: str) -> str:
@@ -182,23 +186,8 @@ class Estimate:
 
 def kubernetes_estimates(binary: Path, expressions: list[str], *flags: str, timeout: float = 600) -> list[Estimate]:
     """`celeval -estimate` (validateCELSelector without the length check) for every expression, in order."""
-    lines = [
-        json.dumps({"id": str(i), "expression": e, "device": {"driver": "gpu.dra-driver.dev"}})
-        for i, e in enumerate(expressions)
-    ]
-    proc = subprocess.run(
-        [str(binary), "-estimate", *flags],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"celeval -estimate exited {proc.returncode}: {proc.stderr[-2000:]}")
-    results = [json.loads(line) for line in proc.stdout.splitlines()]
-    if [r["id"] for r in results] != [str(i) for i in range(len(expressions))]:
-        raise RuntimeError(f"celeval answered {len(results)} lines for {len(expressions)} expressions, or out of order")
+    requests = [{"expression": e, "device": {"driver": "gpu.dra-driver.dev"}} for e in expressions]
+    results = _celeval(binary, ["-estimate", *flags], requests, timeout)
     return [Estimate(r["outcome"], r.get("max_cost"), r.get("message", "")) for r in results]
 
 

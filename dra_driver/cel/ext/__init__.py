@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from dra_driver.cel.ext.formats import FORMAT_OVERLOADS, FORMAT_TYPE, FORMATS, NamedFormat
 from dra_driver.cel.ext.net import CIDR, CIDR_TYPE, IP, IP_TYPE, NET_OVERLOADS, NetError, parse_cidr, parse_ip
 from dra_driver.cel.ext.table import ExtError, ExtOverload, resolve
 from dra_driver.cel.ext.timeutil import (
@@ -22,7 +23,7 @@ from dra_driver.cel.ext.timeutil import (
 )
 from dra_driver.cel.ext.urls import URL, URL_OVERLOADS, URL_TYPE, URLError, parse_url
 
-OVERLOADS: Final[tuple[ExtOverload, ...]] = NET_OVERLOADS + URL_OVERLOADS + TIME_OVERLOADS
+OVERLOADS: Final[tuple[ExtOverload, ...]] = NET_OVERLOADS + URL_OVERLOADS + TIME_OVERLOADS + FORMAT_OVERLOADS
 # CEL type names of the ext value classes, as `type(x)` and error messages print them.
 TYPE_NAMES: Final[dict[type, str]] = {
     IP: IP_TYPE,
@@ -30,13 +31,14 @@ TYPE_NAMES: Final[dict[type, str]] = {
     URL: URL_TYPE,
     Timestamp: TIMESTAMP_TYPE,
     Duration: DURATION_TYPE,
+    NamedFormat: FORMAT_TYPE,
 }
 
 
 def equals(left: object, right: object) -> bool:
-    """CEL `==` with an ext value on the left: Kubernetes' IP, CIDR and URL fail on another type ("no such
-    overload"), cel-go's Timestamp and Duration are just unequal. (`!=` and `in` never fail: they are not this.)"""
-    if isinstance(left, IP | CIDR | URL) and type(right) is not type(left):
+    """CEL `==` with an ext value on the left: Kubernetes' IP, CIDR, URL and NamedFormat fail on another type ("no
+    such overload"), cel-go's Timestamp and Duration are just unequal. (`!=` and `in` never fail: they are not this.)"""
+    if isinstance(left, IP | CIDR | URL | NamedFormat) and type(right) is not type(left):
         raise ExtError("no such overload")
     return left == right
 
@@ -51,6 +53,8 @@ def call(function: str, member: bool, *args: object) -> object:
 
 __all__ = [
     "CIDR",
+    "FORMATS",
+    "FORMAT_OVERLOADS",
     "IP",
     "OVERLOADS",
     "TYPE_NAMES",
@@ -58,6 +62,7 @@ __all__ = [
     "Duration",
     "ExtError",
     "ExtOverload",
+    "NamedFormat",
     "NetError",
     "TimeError",
     "Timestamp",
