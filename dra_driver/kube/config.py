@@ -149,3 +149,28 @@ def in_cluster(directory: Path = SERVICE_ACCOUNT_DIR, env: dict[str, str] | None
         ssl_context=_context(ca_file=str(directory / "ca.crt")),
         authorization=lambda: f"Bearer {token()}",
     )
+
+
+def from_api_client(api_client: Any) -> ClusterConfig:
+    """The configuration of an official-client ApiClient, its authentication included: exec plugins and other token
+    sources refresh through the client's hook at every request."""
+    cfg = api_client.configuration
+    ssl_context = None
+    if str(cfg.host).startswith("https://"):
+        ssl_context = _context(
+            ca_file=cfg.ssl_ca_cert or None,
+            insecure=not cfg.verify_ssl,
+            cert_file=cfg.cert_file or None,
+            key_file=cfg.key_file or None,
+        )
+
+    def authorization() -> str | None:
+        # kubeconfig loading stores a token as "BearerToken", hand-made configurations as "authorization"; the
+        # refresh hook (exec plugins) runs either way
+        value = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if not value:
+            basic = cfg.get_basic_auth_token()
+            return f"Basic {basic}" if basic else None
+        return str(value)
+
+    return ClusterConfig(server=str(cfg.host).rstrip("/"), ssl_context=ssl_context, authorization=authorization)

@@ -22,7 +22,7 @@ from urllib3.connectionpool import ConnectionPool
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 from urllib3.util.retry import Retry
 
-from dra_driver.kube.config import ClusterConfig, UnsupportedKubeconfig, _context, in_cluster, load_kubeconfig
+from dra_driver.kube.config import ClusterConfig, UnsupportedKubeconfig, from_api_client, in_cluster, load_kubeconfig
 
 DEFAULT_TIMEOUT_S = 10.0
 POOL_SIZE = 16  # connections kept per host: prepares of different claims read in parallel
@@ -186,28 +186,7 @@ def as_rest(api: Any) -> KubeRest:
     authentication included: exec plugins and other token sources refresh through the client's hook)."""
     if isinstance(api, KubeRest):
         return api
-    cfg = api.configuration
-    ssl_context = None
-    if str(cfg.host).startswith("https://"):
-        ssl_context = _context(
-            ca_file=cfg.ssl_ca_cert or None,
-            insecure=not cfg.verify_ssl,
-            cert_file=cfg.cert_file or None,
-            key_file=cfg.key_file or None,
-        )
-
-    def authorization() -> str | None:
-        # kubeconfig loading stores a token as "BearerToken", hand-made configurations as "authorization"; the
-        # refresh hook (exec plugins) runs either way
-        value = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
-        if not value:
-            basic = cfg.get_basic_auth_token()
-            return f"Basic {basic}" if basic else None
-        return str(value)
-
-    return KubeRest(
-        ClusterConfig(server=str(cfg.host).rstrip("/"), ssl_context=ssl_context, authorization=authorization)
-    )
+    return KubeRest(from_api_client(api))
 
 
 def connect(kubeconfig: Path | None = None) -> KubeRest:
