@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
 from dra_driver.kube import ApiError, KubeRest, connect, in_cluster, load_kubeconfig, path_of
 from dra_driver.kube.config import UnsupportedKubeconfig
@@ -223,8 +222,86 @@ def test_a_silent_api_server_times_out_once_without_retries() -> None:
 
         rest = KubeRest(ClusterConfig(server=f"http://127.0.0.1:{listener.getsockname()[1]}"))
         start = time.monotonic()
-        with pytest.raises(Urllib3TimeoutError):
+        with pytest.raises(TimeoutError, match="timed out"):
             rest.get("/version", timeout=0.5)
         assert time.monotonic() - start < 1.2  # one timeout, not four
     finally:
         listener.close()
+
+
+class _KeepAlive:
+    """An HTTP/1.1 server on loopback that keeps connections open; `close_after_answer` closes each one a moment
+    after its first answer (an idle timeout), `hang_up_on_second` closes it on its second request without an
+    answer (the server went away just as the request came). Records what it received."""
+
+    def __init__(self, *, close_after_answer: bool = False, hang_up_on_second: bool = False) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        received = self.received = []  # type: list[str]
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            served = 0
+
+            def handle_one_request(self) -> None:
+                if hang_up_on_second and self.served == 1:
+                    self.rfile.readline()  # the request line arrives; no answer
+                    self.close_connection = True
+                    return
+                super().handle_one_request()
+                self.served += 1
+                if close_after_answer:
+                    time.sleep(0.05)
+                    self.close_connection = True
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                received.append(f"{self.command} {self.path}")
+                body = json.dumps({"kind": "Status", "n": len(received)}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        from dra_driver.kube.config import ClusterConfig
+
+        self.rest = KubeRest(ClusterConfig(server=f"http://127.0.0.1:{self.server.server_address[1]}"))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_used() -> None:
+    """The API server closes keep-alive connections idle for 90 s: the next request, even a POST, which is never
+    sent twice, goes out on a new connection instead of failing."""
+    server = _KeepAlive(close_after_answer=True)
+    try:
+        assert server.rest.get("/a")["n"] == 1
+        time.sleep(0.3)  # the server has closed it
+        assert server.rest.request("POST", "/b", body={"x": 1})["n"] == 2
+        assert server.received == ["GET /a", "POST /b"]
+    finally:
+        server.close()
+
+
+def test_a_reused_connection_that_fails_resends_only_what_is_safe_to_send_twice() -> None:
+    server = _KeepAlive(hang_up_on_second=True)
+    try:
+        assert server.rest.get("/a")["n"] == 1
+        assert server.rest.get("/b")["n"] == 2  # hung up on the reused connection: sent again on a new one
+        assert server.rest.get("/c")["n"] == 3  # the new connection's first request
+        with pytest.raises(ConnectionError):  # a POST the server may have acted on: never sent twice
+            server.rest.request("POST", "/d", body={})
+        assert server.received == ["GET /a", "GET /b", "GET /c"]
+    finally:
+        server.close()

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,61 @@ def test_a_checkpoint_torn_by_a_node_crash_is_set_aside_after_the_reboot(node: N
     assert d.checkpoint.claims == {}
     assert (node.plugin_dir / "checkpoint.json.previous-boot").read_bytes().startswith(b'{"version"')
     assert node.mig_instances() == [] and node.cdi_files() == []
+
+
+_KILLED_AFTER_UNLINK = """
+import json, os, signal, sys
+from pathlib import Path
+from dra_driver.plugin import checkpoint
+from tests.plugin_helpers import Node, ref
+node = Node(Path(sys.argv[1]))
+c = json.loads(sys.argv[2])
+node.add(c)
+d = node.driver()
+real = os.replace
+def replace(src, dst):
+    if str(dst).endswith("checkpoint.json") and not os.path.exists(dst):
+        os.kill(os.getpid(), signal.SIGKILL)  # the old file is unlinked, the new one not yet renamed
+    real(src, dst)
+checkpoint.os.replace = replace
+d.prepare([ref(c)])
+"""
+
+
+def test_a_save_killed_between_its_unlink_and_its_rename_is_completed_at_the_next_start(
+    node: Node, tmp_path: Path
+) -> None:
+    """A save unlinks the old file before renaming the new one over its name (ext4 writes a file renamed over
+    another back at once). A process killed in between leaves only the temp file, complete: the next start adopts
+    it, so the claim whose PrepareCompleted it holds is prepared, not an orphan."""
+    first, second = claim([A_DEVICE], device_class="mig"), claim(["gpu-3"])
+    node.add(first, second)
+    node.driver().prepare([ref(first)])
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    args = [sys.executable, "-c", _KILLED_AFTER_UNLINK, str(tmp_path), json.dumps(second)]
+    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert not (node.plugin_dir / "checkpoint.json").exists()
+    d = node.driver()
+    assert {u: e.state for u, e in d.checkpoint.claims.items()} == {
+        _uid(first): ClaimState.PREPARE_COMPLETED,
+        _uid(second): ClaimState.PREPARE_COMPLETED,
+    }
+    assert (node.plugin_dir / "checkpoint.json").exists() and not (node.plugin_dir / ".checkpoint.json.tmp").exists()
+    assert len(node.cdi_files()) == 2
+    assert d.unprepare([ref(first), ref(second)]) == {_uid(first): "", _uid(second): ""}
+    assert node.mig_instances() == [] and node.cdi_files() == []
+
+
+def test_a_temp_file_torn_with_no_checkpoint_beside_it_is_an_interrupted_first_write(node: Node) -> None:
+    node.plugin_dir.mkdir(parents=True)
+    (node.plugin_dir / ".checkpoint.json.tmp").write_bytes(b'{"version":2,"checks')
+    c = claim(["gpu-0"])
+    node.add(c)
+    d = node.driver()
+    assert d.checkpoint.claims == {} and not (node.plugin_dir / ".checkpoint.json.tmp").exists()
+    assert d.prepare([ref(c)])[_uid(c)].error == ""
 
 
 def _rewrite(path: Path, edit: Any) -> None:

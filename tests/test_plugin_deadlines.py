@@ -161,7 +161,7 @@ def test_kube_claim_source_gives_up_on_a_silent_api_server(silent_api_server: st
     config = client.Configuration()
     config.host = silent_api_server
     source = KubeClaimSource(client.ApiClient(config), request_timeout=1.0)
-    # one timeout for the whole read: urllib3's retries of timed-out GETs would make it four
+    # one timeout for the whole read: a retry of a timed-out GET would start it over
     assert _elapsed(lambda: source.get_claim("default", "c")) < 1.8
     assert _elapsed(lambda: source.get_device_class("gpu")) < 1.8
     assert _elapsed(lambda: source.get_claim("default", "c", timeout=0.3)) < 0.9  # shorter per read

@@ -1,19 +1,16 @@
 """Regular expressions with Go's `regexp` syntax (what cel-go and Kubernetes use), run by RE2.
 
 RE2 and Go's parser agree except in a few corners (Go rejects `\\C`); errors are worded as Go's
-`error parsing regexp: ...`. RE2's own error logging to stderr is turned off.
+`error parsing regexp: ...`. RE2's own error logging to stderr is turned off. The RE2 module is loaded with the first
+pattern (about 1 MB of the node daemon's memory, which most nodes' selectors never need).
 """
 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, Final
 
-import re2  # type: ignore[import-untyped]
-
-_OPTIONS: Final = re2.Options()
-_OPTIONS.log_errors = False
 _ANY_BYTE: Final = re.compile(r"(?<!\\)(?:\\\\)*\\C")
 _GO_WORDING: Final = (
     (re.compile(r"^missing \): (.*)$", re.S), "missing closing ): `{}`"),
@@ -26,6 +23,16 @@ _GO_WORDING: Final = (
 
 class RegexError(ValueError):
     pass
+
+
+@cache
+def _re2() -> tuple[Any, Any, Any]:
+    """(the module, its options, the unanchored anchor value or None)."""
+    import re2  # type: ignore[import-untyped]
+
+    options = re2.Options()
+    options.log_errors = False
+    return re2, options, getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
 
 
 def _go_message(detail: str) -> str:
@@ -41,14 +48,12 @@ def compile_go_regex(pattern: str) -> Any:
     """A compiled RE2 program (cached: selectors reuse a handful of patterns); raises `RegexError`."""
     if _ANY_BYTE.search(pattern):
         raise RegexError(_go_message("invalid escape sequence: \\C"))
+    re2, options, _ = _re2()
     try:
-        return re2.compile(pattern, _OPTIONS)
+        return re2.compile(pattern, options)
     except re2.error as err:
         detail = err.args[0].decode() if err.args and isinstance(err.args[0], bytes) else str(err)
         raise RegexError(_go_message(detail)) from None
-
-
-_UNANCHORED: Final = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
 
 
 def regex_search(program: Any, text: str) -> bool:
@@ -56,10 +61,11 @@ def regex_search(program: Any, text: str) -> bool:
     and maps byte offsets back to characters (~4x the cost of the match itself, and `matches` was the slowest cold
     selector); a yes/no needs neither, so call the RE2 program directly when this google-re2 exposes it."""
     raw = getattr(program, "_regexp", None)
-    if raw is None or _UNANCHORED is None:
+    unanchored = _re2()[2]
+    if raw is None or unanchored is None:
         return program.search(text) is not None
     encoded = text.encode()
-    return bool(raw.Match(_UNANCHORED, encoded, 0, len(encoded))[0][0] != -1)
+    return bool(raw.Match(unanchored, encoded, 0, len(encoded))[0][0] != -1)
 
 
 def regex_error(pattern: str) -> str | None:

@@ -160,7 +160,7 @@ class Publisher:
                 log.warning("publishing pool %s failed (%s); retrying", self.node_name, self.last_error)
                 self._wake.wait(random.uniform(0, delay))  # full jitter
                 delay = min(delay * 2, self._backoff[1])
-            except Exception as e:  # urllib3 connection errors and the like
+            except Exception as e:  # connection errors, timeouts and the like
                 self.stats.errors += 1
                 self.metrics.publishes.labels(result="error").inc()
                 self.in_sync.clear()

@@ -57,6 +57,7 @@ XID = pynvml.nvmlEventTypeXidCriticalError
 SINGLE_BIT_ECC = pynvml.nvmlEventTypeSingleBitEccError
 DOUBLE_BIT_ECC = pynvml.nvmlEventTypeDoubleBitEccError
 WANTED_EVENTS = XID | SINGLE_BIT_ECC | DOUBLE_BIT_ECC
+MAX_DRAINED = 256  # events handled from a set being replaced: a storm must not keep the monitor off the new one
 INFORMATIONAL_EFFECT_MINOR = 35  # effect None is accepted from Kubernetes 1.35
 
 
@@ -355,8 +356,16 @@ class HealthMonitor:
             )
         if self._event_set is not None and wanted == self._registered:
             return
-        self._free()
-        self._event_set = self.lib.nvmlEventSetCreate()
+        # The new set first, then what the old one queued meanwhile: an event between freeing one set and creating
+        # the next would be in neither (an XID on another GPU just as one is lost). One that comes in the moment
+        # both exist is handled twice, which taints nothing more.
+        old, self._event_set = self._event_set, None
+        try:
+            self._event_set = self.lib.nvmlEventSetCreate()
+        finally:
+            if old is not None:
+                self._drain(old)
+                self._free_set(old)
         registered: set[str] = set()
         for gpu in self.plugin.inventory.gpus:
             if gpu.uuid not in wanted:
@@ -384,11 +393,14 @@ class HealthMonitor:
 
     def _free(self) -> None:
         if self._event_set is not None:
-            try:
-                self.lib.nvmlEventSetFree(self._event_set)
-            except pynvml.NVMLError as e:
-                log.info("health: freeing the event set: %s", describe(e))
+            self._free_set(self._event_set)
             self._event_set = None
+
+    def _free_set(self, event_set: Any) -> None:
+        try:
+            self.lib.nvmlEventSetFree(event_set)
+        except pynvml.NVMLError as e:
+            log.info("health: freeing the event set: %s", describe(e))
 
     def _run(self) -> None:
         self.lib.nvmlInit()
@@ -424,6 +436,9 @@ class HealthMonitor:
             log.warning("health: waiting for events: %s", describe(e))
             self._stop.wait(min(1.0, self.wait_ms / 1000))
             return
+        self._handle(event)
+
+    def _handle(self, event: Any) -> None:
         try:
             gpu_uuid = self.lib.nvmlDeviceGetUUID(event.device)
         except pynvml.NVMLError as e:
@@ -432,6 +447,15 @@ class HealthMonitor:
         self.handle_event(
             gpu_uuid, int(event.eventType), int(event.eventData), int(event.gpuInstanceId), int(event.computeInstanceId)
         )
+
+    def _drain(self, event_set: Any) -> None:
+        """Handle what is queued in `event_set` already (its GPUs' events stop at a lost one)."""
+        for _ in range(MAX_DRAINED):
+            try:
+                event = self.lib.nvmlEventSetWait(event_set, 0)
+            except pynvml.NVMLError:  # timeout: nothing queued; GPU_IS_LOST: the rest was that GPU's
+                return
+            self._handle(event)
 
     def _wanted_any(self) -> bool:
         with self._lock:

@@ -1,4 +1,4 @@
-"""The Kubernetes API as the node daemon uses it: a small REST client over urllib3 (`rest`), configured from a
+"""The Kubernetes API as the node daemon uses it: a small REST client over http.client (`rest`), configured from a
 kubeconfig or the pod's service account (`config`). The official client's ~700 model modules would cost the daemon
 8 MB and 0.15 s of start-up; every object the daemon reads or writes is plain JSON anyway."""
 

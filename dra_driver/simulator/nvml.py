@@ -55,7 +55,7 @@ _MAX_MIG_DEVICES = 7
 _ENGINE_PROFILE_SHARED = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
 _KIND_EVENT_SET = 5  # event-set handles: kind | a process-wide counter
 _EVENT_SET_IDS = itertools.count(1)
-_EVENT_POLL_SECONDS = 0.02
+_EVENT_POLL_SECONDS = 0.05  # what a process sees within; each poll is two stat() calls
 
 
 def _fail(code: int) -> NoReturn:
@@ -654,10 +654,15 @@ class SimulatedNvml:
         GPU_IS_LOST while a registered GPU is lost."""
         state = self._event_set(event_set)
         deadline = time.monotonic() + timeoutms / 1000
+        seen: tuple[object, object] | None = None
         while True:
-            event = state.next_event(self.events.read())  # events already queued come before a loss
-            if event is None and any(self.store.read().gpus[i].lost for i in state.masks):
-                _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+            log, gpus = self.events.read(), self.store.read()  # the same objects while the files are unchanged
+            event = None
+            if seen is None or log is not seen[0] or gpus is not seen[1]:
+                seen = (log, gpus)
+                event = state.next_event(log)  # events already queued come before a loss
+                if event is None and any(gpus.gpus[i].lost for i in state.masks):
+                    _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
             if event is not None:
                 data = pynvml.c_nvmlEventData_t()
                 data.device = self._device_handle(event.gpu)
