@@ -7,9 +7,9 @@ helper's defaults (gRPC calls serialized, as in the example driver) and client-g
 Claims are created allocated (status written, no scheduler) just before each round: a whole GPU, or a MIG 1g.10gb
 partition (ours carves it in the simulator; the Go plugin writes the same CDI spec either way). At 1 caller a round is
 8 prepares one after the other, then 8 unprepares; with many callers, all prepares at once, then all unprepares at
-once: 16 MIG partitions, but 8 whole GPUs (the node has 8, and ours refuses a GPU another claim holds). Also: RSS idle
-and after load (VmRSS), start to gRPC serving (registration answered) and start to slices published (the node's pool
-complete in the API server).
+once: 16 MIG partitions, but 8 whole GPUs (the node has 8, and ours refuses a GPU another claim holds). Also: RSS
+idle and after load (VmRSS, 1 s after start-up and 2 s after the last call), start to gRPC serving (registration
+answered) and start to slices published (the node's pool complete in the API server).
 
 Run: python bench/bench_prepare.py [--quick] [--rounds N] [--starts N]. Prints one table.
 """
@@ -263,6 +263,7 @@ def main() -> None:
         try:
             measure_starts(cp, api, nodes, make, running, starts, add)
             measure_calls(api, nodes, running, rounds, add)
+            time.sleep(2.0)  # settled, as for the idle figure (ours trims its heap a second after the last call)
             for side, (plugin, _) in running.items():
                 assert plugin.proc is not None
                 add((side, "rss load"), [rss_mb(plugin.proc.pid)])

@@ -14,6 +14,7 @@ import gc
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # imported when the daemon serves (_run_served), not before
 log = logging.getLogger(__name__)
 
 API_TIMEOUT_SECONDS = 10.0  # claim reads and status writes: never hang a thread on the API server
+IDLE_TRIM_S = 1.0  # after a second without prepares or unprepares, freed heap goes back to the kernel
 POD_LOOKUP_TIMEOUT_SECONDS = 2.0  # the `pod` label's claim reads happen during a scrape
 
 
@@ -214,7 +216,13 @@ def _run_served(
     log.info("plugin %s publishing pool %s for Kubernetes %s", settings.driver, settings.pool, version)
     publisher.in_sync.wait(timeout=10)  # start-up's garbage (discovery, the first slices) exists by then
     _release_garbage()
-    while not stop.wait(options.rediscover_seconds):
+    next_discovery = time.monotonic() + options.rediscover_seconds
+    idle = memory.TrimWhenIdle(driver.calls)
+    while not stop.wait(min(IDLE_TRIM_S, max(0.0, next_discovery - time.monotonic()))):
+        idle.tick(driver.calls)
+        if time.monotonic() < next_discovery:
+            continue
+        next_discovery = time.monotonic() + options.rediscover_seconds
         if rediscover(driver, source):
             publisher.trigger()
             server.device_health_changed()  # the device list changed

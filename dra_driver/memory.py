@@ -46,3 +46,22 @@ def trim() -> bool:
     if libc is None or not hasattr(libc, "malloc_trim"):
         return False
     return bool(libc.malloc_trim(0))
+
+
+class TrimWhenIdle:
+    """`trim` once calls stop: a burst of prepares on many gRPC threads leaves MB of freed heap in malloc's arenas
+    (bench/bench_prepare.py's 16 callers: 4 MB). Call `tick` once a period with the number of calls so far; the
+    first tick without new calls after some trims. True when it did."""
+
+    def __init__(self, calls: int = 0) -> None:
+        self._calls, self._trimmed = calls, True
+
+    def tick(self, calls: int) -> bool:
+        if calls != self._calls:
+            self._calls, self._trimmed = calls, False
+            return False
+        if self._trimmed:
+            return False
+        self._trimmed = True
+        trim()
+        return True

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PROGRAM = textwrap.dedent(
     """
     import sys
@@ -30,3 +32,16 @@ def test_trim_hands_freed_heap_back_to_the_kernel() -> None:
     out = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=60, check=True)
     before, after = map(int, out.stdout.split())
     assert before - after > 150, (before, after)  # ~200 MB were freed but still resident
+
+
+def test_memory_is_trimmed_once_after_each_burst_of_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon ticks every second with the driver's call count: a trim on the first quiet tick after calls,
+    none while calls go on or while nothing happens."""
+    from dra_driver import memory
+
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "trim", lambda: trims.append(1) or True)
+    idle = memory.TrimWhenIdle(calls=4)
+    ticks = [4, 4, 9, 30, 30, 30, 31, 31]  # quiet since start; a burst; quiet; one more call; quiet
+    assert [idle.tick(c) for c in ticks] == [False, False, False, False, True, False, False, True]
+    assert len(trims) == 2

@@ -153,6 +153,7 @@ class Driver:
         self.cdi = CdiStore(settings.cdi_root, settings.driver)
         settings.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._thread_lock = threading.Lock()
+        self.calls = 0  # prepares and unprepares so far (the daemon trims memory once they stop)
         self._lock_path = settings.plugin_dir / "pu.lock"
         self._boot_id = boot_id
         # nvidia-smi and the MPS control daemon from the driver root, as NVIDIA's driver runs them
@@ -216,6 +217,7 @@ class Driver:
     def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
         """`deadline`: when the caller (the kubelet) gives up, a time.monotonic() value; a claim that cannot be
         read or prepared before then gets an error instead (the kubelet retries it)."""
+        self.calls += 1
         fetched: dict[str, ResourceClaim | str] = {}
         classes: dict[str, DeviceClass | str] = {}
         for ref in claims:  # API reads outside the device lock
@@ -471,6 +473,7 @@ class Driver:
 
     # ----- unprepare and recovery -------------------------------------------------------------------------
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+        self.calls += 1
         out: dict[str, str] = {}
         for ref in claims:
             try:
