@@ -179,33 +179,23 @@ class KubeRest:
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """The response's status and headers read, its body not yet."""
         conn, reused = self._connections.take(_remaining(deadline))
-        sent = False
-        try:
-            conn.request(method, self._prefix + target, body=body, headers=headers)
-            sent = True
-            if conn.sock is not None:
-                conn.sock.settimeout(_remaining(deadline))
-            return conn, conn.getresponse()
-        except TimeoutError:
-            conn.close()
-            raise
-        except ConnectionError:  # reset, broken pipe, closed without an answer
-            conn.close()
-            if not reused or (sent and method not in _IDEMPOTENT):
+        while True:
+            sent = False
+            try:
+                conn.request(method, self._prefix + target, body=body, headers=headers)
+                sent = True
+                if conn.sock is not None:
+                    conn.sock.settimeout(_remaining(deadline))
+                return conn, conn.getresponse()
+            except ConnectionError:  # reset, broken pipe, closed without an answer (a timeout is not one)
+                conn.close()
+                if not reused or (sent and method not in _IDEMPOTENT):
+                    raise
+            except BaseException:
+                conn.close()
                 raise
-        except BaseException:
-            conn.close()
-            raise
-        # the server closed the reused connection: once more on a new one
-        conn = self._connections.new(_remaining(deadline))
-        try:
-            conn.request(method, self._prefix + target, body=body, headers=headers)
-            if conn.sock is not None:
-                conn.sock.settimeout(_remaining(deadline))
-            return conn, conn.getresponse()
-        except BaseException:
-            conn.close()
-            raise
+            # the server closed the reused connection: once more on a new one
+            conn, reused = self._connections.new(_remaining(deadline)), False
 
     def request(
         self,
