@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.cel.ext import CIDR, IP, OVERLOADS, equals, parse_cidr, parse_ip
-from tests.test_cel_ext_support import Err, ExtCase, celeval_binary, check_kubernetes, check_ours, g, m, table
+from dra_driver.cel.ext import CIDR, IP, OVERLOADS, parse_cidr, parse_ip
+from tests.test_cel_ext_support import Err, ExtCase, celeval_binary, check_kubernetes, check_ours, equals, g, m, table
 
 
 def _ip_err(text: str, detail: str) -> Err:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.cel import values
 from dra_driver.cel.ext import OVERLOADS, ExtError, call
 from tests.cel_corpus.runner import Case, kubernetes
 
@@ -50,6 +51,15 @@ def g(function: str, *args: object) -> object:
 def m(function: str, receiver: object, *args: object) -> object:
     """A member overload call through the ext tables."""
     return call(function, True, receiver, *args)
+
+
+def equals(left: object, right: object) -> bool:
+    """CEL `==` as the interpreter runs it (`values.equals`): its error, Kubernetes' types against another type, is
+    raised as the ext tables raise theirs."""
+    result = values.equals(left, right)
+    if result is None:
+        raise ExtError(values.NO_SUCH_OVERLOAD)
+    return result
 
 
 def table(cel: str, py: Callable[..., object], rows: Iterable[tuple[object, object]]) -> list[ExtCase]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.cel.ext import OVERLOADS, Duration, ExtError, Timestamp, equals, parse_duration, parse_timestamp
-from tests.test_cel_ext_support import Err, ExtCase, celeval_binary, check_kubernetes, check_ours, g, m, table
+from dra_driver.cel.ext import OVERLOADS, Duration, ExtError, Timestamp, parse_duration, parse_timestamp
+from tests.test_cel_ext_support import Err, ExtCase, celeval_binary, check_kubernetes, check_ours, equals, g, m, table
 
 TS_ERR = Err("type conversion error from 'string' to 'google.protobuf.Timestamp'")
 DUR_ERR = Err("type conversion error from 'string' to 'google.protobuf.Duration'")

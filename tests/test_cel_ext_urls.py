@@ -4,8 +4,8 @@ test_url_cases_agree_with_kubernetes."""
 
 from __future__ import annotations
 
-from dra_driver.cel.ext import OVERLOADS, equals, parse_url
-from tests.test_cel_ext_support import Err, ExtCase, celeval_binary, check_kubernetes, check_ours, g, m, table
+from dra_driver.cel.ext import OVERLOADS, parse_url
+from tests.test_cel_ext_support import Err, ExtCase, celeval_binary, check_kubernetes, check_ours, equals, g, m, table
 
 _PARTS = ("getScheme", "getHost", "getHostname", "getPort", "getEscapedPath")
 

@@ -35,14 +35,6 @@ TYPE_NAMES: Final[dict[type, str]] = {
 }
 
 
-def equals(left: object, right: object) -> bool:
-    """CEL `==` with an ext value on the left: Kubernetes' IP, CIDR, URL and NamedFormat fail on another type ("no
-    such overload"), cel-go's Timestamp and Duration are just unequal. (`!=` and `in` never fail: they are not this.)"""
-    if isinstance(left, IP | CIDR | URL | NamedFormat) and type(right) is not type(left):
-        raise ExtError("no such overload")
-    return left == right
-
-
 def call(function: str, member: bool, *args: object) -> object:
     """Run the overload matching the runtime argument types; `None`-free: raises `ExtError` for CEL errors."""
     overload = resolve(OVERLOADS, function, member, args, TYPE_NAMES)
@@ -68,7 +60,6 @@ __all__ = [
     "Timestamp",
     "URLError",
     "call",
-    "equals",
     "parse_cidr",
     "parse_duration",
     "parse_ip",
