@@ -12,7 +12,6 @@ one whose driver cannot deliver XID events.
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pynvml
 from pydantic import BaseModel
 
-from dra_driver.simulator.lockedfile import locked, replace_text
+from dra_driver.simulator.lockedfile import file_identity, locked, replace_text
 
 MAX_EVENTS = 1000
 GPU_LEVEL = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that is not about a MIG device
@@ -69,17 +68,16 @@ class EventStore:
         one read last (every write replaces it), no lock and no parse, so that waiting costs next to nothing, as
         NVML's does."""
         try:
-            st = os.stat(self.path)
+            identity = file_identity(self.path)
         except FileNotFoundError:
             return EventLog()
-        identity = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         cached = self._cached
         if cached is not None and cached[0] == identity:
             return cached[1]
         with self._locked():
             log = self._load()
-            st = os.stat(self.path)
-        self._cached = ((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), log)
+            identity = file_identity(self.path)
+        self._cached = (identity, log)
         return log
 
     def append(self, gpu: int, event_type: int, data: int, gi_id: int, ci_id: int) -> int:

@@ -1,5 +1,6 @@
-"""The two primitives every simulated-hardware state file uses: an exclusive lock that holds across threads
-and processes, and an atomic replace, so other processes see the old or the new content, never half of it."""
+"""The primitives every simulated-hardware state file uses: an exclusive lock that holds across threads and
+processes, an atomic replace, so other processes see the old or the new content, never half of it, and the file's
+identity, which every replace changes (readers keep what they parsed while it stays the same)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,9 @@ def replace_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def file_identity(path: Path) -> tuple[int, ...]:
+    """Changes with every `replace_text` (a new inode); raises FileNotFoundError."""
+    st = os.stat(path)
+    return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_ctime_ns)

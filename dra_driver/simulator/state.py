@@ -6,7 +6,6 @@ under an exclusive file lock, so separate processes (the driver, a test, the CLI
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -15,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from dra_driver.simulator.catalog import MachineSpec
-from dra_driver.simulator.lockedfile import locked, replace_text
+from dra_driver.simulator.lockedfile import file_identity, locked, replace_text
 
 STATE_VERSION = 1
 
@@ -66,7 +65,7 @@ class StateStore:
         self._spec = spec
         self._thread_lock = threading.RLock()
         self._cached: MachineState | None = None
-        self._cached_stat: tuple[int, int, int] | None = None
+        self._cached_stat: tuple[int, ...] | None = None
         self._on_commit = on_commit
         directory.mkdir(parents=True, exist_ok=True)
         with self._locked():
@@ -81,12 +80,8 @@ class StateStore:
                 f"not {spec.name!r}; use another state directory or delete the file"
             )
 
-    def _stat(self) -> tuple[int, int, int]:
-        st = os.stat(self.path)
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def _load(self) -> MachineState:
-        stat = self._stat()
+        stat = file_identity(self.path)
         if self._cached is None or stat != self._cached_stat:
             self._cached = MachineState.model_validate_json(self.path.read_bytes())
             self._cached_stat = stat
@@ -95,7 +90,7 @@ class StateStore:
     def _write(self, state: MachineState) -> None:
         replace_text(self.path, state.model_dump_json(indent=1))
         self._cached = state
-        self._cached_stat = self._stat()
+        self._cached_stat = file_identity(self.path)
 
     def _locked(self) -> AbstractContextManager[None]:
         return locked(self._lock_path, self._thread_lock)

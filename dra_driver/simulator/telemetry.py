@@ -13,7 +13,6 @@ follow a profile over time instead; it applies to the GPU's MIG devices too, unl
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dra_driver.simulator.lockedfile import locked, replace_text
+from dra_driver.simulator.lockedfile import file_identity, locked, replace_text
 from dra_driver.simulator.workload import Workload
 
 TELEMETRY_FILE = "telemetry.json"
@@ -59,14 +58,13 @@ class TelemetryStore:
         self._lock_path = self.directory / "telemetry.lock"
         self._thread_lock = threading.RLock()
         self._cached: MachineTelemetry | None = None
-        self._cached_stat: tuple[int, int, int] | None = None
+        self._cached_stat: tuple[int, ...] | None = None
 
     def _load(self) -> MachineTelemetry:
         try:
-            st = os.stat(self.path)
+            stat = file_identity(self.path)
         except FileNotFoundError:
             return MachineTelemetry()
-        stat = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._cached is None or stat != self._cached_stat:
             self._cached = MachineTelemetry.model_validate_json(self.path.read_bytes())
             self._cached_stat = stat
