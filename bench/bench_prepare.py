@@ -7,9 +7,10 @@ helper's defaults (gRPC calls serialized, as in the example driver) and client-g
 Claims are created allocated (status written, no scheduler) just before each round: a whole GPU, or a MIG 1g.10gb
 partition (ours carves it in the simulator; the Go plugin writes the same CDI spec either way). At 1 caller a round is
 8 prepares one after the other, then 8 unprepares; with many callers, all prepares at once, then all unprepares at
-once: 16 MIG partitions, but 8 whole GPUs (the node has 8, and ours refuses a GPU another claim holds). Also: RSS
-idle and after load (VmRSS, 1 s after start-up and 2 s after the last call), start to gRPC serving (registration
-answered) and start to slices published (the node's pool complete in the API server).
+once: 16 MIG partitions, but 8 whole GPUs (the node has 8, and ours refuses a GPU another claim holds). Also: each
+side's CPU per call over the whole load, RSS idle and after load (VmRSS, 1 s after start-up and 2 s after the last
+call), start to gRPC serving (registration answered) and start to slices published (the node's pool complete in the
+API server).
 
 Run: python bench/bench_prepare.py [--quick] [--rounds N] [--starts N]. Prints one table.
 """
@@ -32,7 +33,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import pctl, ratio, rss_mb
+from _common import cpu_s, pctl, ratio, rss_mb
 
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
@@ -262,7 +263,12 @@ def main() -> None:
         running: dict[str, tuple[Plugin, KubeletHarness]] = {}
         try:
             measure_starts(cp, api, nodes, make, running, starts, add)
+            cpu_before = {side: cpu_s(plugin.proc.pid) for side, (plugin, _) in running.items() if plugin.proc}
             measure_calls(api, nodes, running, rounds, add)
+            for side, (plugin, _) in running.items():
+                assert plugin.proc is not None
+                calls = sum(len(v) for (s, key), v in samples.items() if s == side and "prepare " in key)
+                add((side, "cpu per call"), [(cpu_s(plugin.proc.pid) - cpu_before[side]) / calls])
             time.sleep(2.0)  # settled, as for the idle figure (ours trims its heap a second after the last call)
             for side, (plugin, _) in running.items():
                 assert plugin.proc is not None
@@ -287,6 +293,8 @@ def main() -> None:
                 key = f"{op} {kind} {callers}"
                 row(f"{op} p50, {label}, {callers} caller(s)", key, 1000, "ms", lambda v: pctl(v, 50))
                 row(f"{op} p99, {label}, {callers} caller(s)", key, 1000, "ms", lambda v: pctl(v, 99))
+    row("CPU per call during the load (all threads, prepares and unprepares)", "cpu per call", 1000, "ms",
+        lambda v: v[-1])  # fmt: skip
     row("RSS idle", "rss idle", 1, "MB", lambda v: v[-1])
     row("RSS after load", "rss load", 1, "MB", lambda v: v[-1])
     row("start to gRPC serving (median of starts)", "serving", 1000, "ms", lambda v: pctl(v, 50))

@@ -50,7 +50,7 @@ def trim() -> bool:
 
 class TrimWhenIdle:
     """`trim` once calls stop: a burst of prepares on many gRPC threads leaves MB of freed heap in malloc's arenas
-    (bench/bench_prepare.py's 16 callers: 4 MB). Call `tick` once a period with the number of calls so far; the
+    (bench/bench_prepare.py's 16 callers). Call `tick` once a period with the number of calls so far; the
     first tick without new calls after some trims. True when it did."""
 
     def __init__(self, calls: int = 0) -> None:

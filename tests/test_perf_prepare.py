@@ -294,7 +294,7 @@ def test_a_checkpoint_write_that_failed_is_not_kept_in_memory(tmp_path: Path, mo
 
 
 def test_checkpoint_saves_never_rename_over_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """ext4 writes a file renamed over another back at once (auto_da_alloc): 0.2-0.5 ms per save on the node's
+    """ext4 writes a file renamed over another back at once (auto_da_alloc): at every save on the node's
     disk, under the device lock. Saves unlink the old file first (the crash window: test_plugin_crash_safety)."""
     node = Node(tmp_path)
     d = node.driver()

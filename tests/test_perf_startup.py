@@ -46,7 +46,7 @@ def test_the_cel_environment_loads_once_the_daemon_serves() -> None:
 
 
 def test_re2_is_loaded_by_the_first_regex_not_by_the_cel_environment() -> None:
-    """About 1 MB of the daemon's memory that nodes whose selectors use no regex never need."""
+    """Memory of the daemon that nodes whose selectors use no regex never need."""
     assert _imported_after("from dra_driver.plugin import selectors\nselectors.warm_up()", ["re2"]) == []
     first = "from dra_driver.cel.program import compile_selector as c\nc('device.driver.matches(\"^a\")')"
     assert _imported_after(first, ["re2"]) == ["re2"]

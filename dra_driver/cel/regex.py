@@ -2,7 +2,7 @@
 
 RE2 and Go's parser agree except in a few corners (Go rejects `\\C`); errors are worded as Go's
 `error parsing regexp: ...`. RE2's own error logging to stderr is turned off. The RE2 module is loaded with the first
-pattern (about 1 MB of the node daemon's memory, which most nodes' selectors never need).
+pattern (memory of the node daemon that most nodes' selectors never need).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Errors: an HTTP error status raises `ApiError` (with `status`, `reason` and `bod
 ApiException has them); connection errors (`ConnectionError`, `OSError`) and timeouts (`TimeoutError`, "timed out")
 pass through. A timed-out request is never retried: a retry would start the timeout over. A request that fails on a
 reused connection (the server closed it while idle) is sent once more on a new one when that is safe: an idempotent
-method, or a request that never got out. urllib3 did the same at twice the CPU per request (1.1 vs 0.6 ms for a
-claim's GET, most of it its own bookkeeping), on every prepare.
+method, or a request that never got out. urllib3 did the same with more CPU per request, most of it its own
+bookkeeping, on every prepare.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ writes in the page cache, and only a crash of the node itself (power loss, kerne
 which the node reboots and a previous boot's claims are forgotten anyway; an unreadable file written before the boot
 is moved aside (`checkpoint.json.previous-boot`) instead of stopping the plugin. An fsync per state change would
 cost more than the rest of a prepare on a node whose disk the workloads keep busy. For the same reason the old file
-is unlinked before the rename: ext4 writes back a file renamed over another at once (auto_da_alloc), 0.2-0.5 ms
-per state change; a process killed between the unlink and the rename leaves the complete temp file, which the next
+is unlinked before the rename: ext4 writes back a file renamed over another at once (auto_da_alloc), at every
+state change; a process killed between the unlink and the rename leaves the complete temp file, which the next
 load adopts. The checksum covers
 the stored JSON as written, not a re-encoding of it. Fields this version does not know are kept and written back
 unchanged; a file of a newer format version is refused, never rewritten in an older one. A file that fails its
