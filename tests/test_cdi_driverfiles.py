@@ -252,7 +252,7 @@ def test_claim_spec_puts_common_edits_at_spec_level_before_visible_devices() -> 
     assert spec.container_edits.mounts == common.mounts and spec.container_edits.hooks == common.hooks
     assert common.env == ["A=1"]  # the shared common edits are not modified
     plain = claim_spec("gpu.example.com", "uid-1", {"gpu-0": [node]}, ["GPU-a"])
-    assert plain.to_json_dict()["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-a"]}
+    assert json.loads(plain.to_json())["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-a"]}
     with pytest.raises(ValueError, match="not absolute"):
         Hook(hook_name="createContainer", path="nvidia-cdi-hook")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import threading
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from dra_driver.plugin import checkpoint as checkpoint_module
 from dra_driver.plugin import driver as driver_module
-from dra_driver.plugin.checkpoint import Checkpoint
+from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.plugin.claims import DeviceClass, KubeClaimSource, ResourceClaim
 from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
 from dra_driver.plugin.driver import Driver, PluginSettings
@@ -312,3 +313,66 @@ def test_checkpoint_saves_never_rename_over_the_old_file(tmp_path: Path, monkeyp
         assert not d.prepare([ref(c)])[ref(c).uid].error
     assert d.unprepare([ref(x), ref(y)]) == {ref(x).uid: "", ref(y).uid: ""}
     assert len(over) >= 4 and not any(over)
+
+
+def _checked_claims(path: Path) -> dict[str, Any]:
+    """The claims of the checkpoint file at `path`, its checksum verified as a start-up would."""
+    data = checkpoint_module._decode(path, path.read_bytes())
+    claims: dict[str, Any] = data["claims"]
+    return claims
+
+
+def test_a_save_encodes_only_the_claims_that_changed_since_the_last_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 8 claims prepared, encoding every claim at every save was most of a save's CPU, under the node lock."""
+    node = Node(tmp_path)
+    d = node.driver()
+    claims = [claim([f"gpu-{i}"]) for i in range(8)]
+    node.add(*claims)
+    for c in claims[:7]:
+        assert not d.prepare([ref(c)])[ref(c).uid].error
+    real = checkpoint_module._canonical
+    encoded: list[Any] = []
+
+    def canonical(data: Any) -> bytes:
+        encoded.append(data)
+        return real(data)
+
+    monkeypatch.setattr(checkpoint_module, "_canonical", canonical)
+    assert not d.prepare([ref(claims[7])])[ref(claims[7]).uid].error
+    entries = [e for e in encoded if isinstance(e, dict) and "uid" in e]
+    assert [e["uid"] for e in entries] == [ref(claims[7]).uid]  # one save: PrepareCompleted of a whole GPU
+    assert not any(isinstance(e, dict) and "claims" in e for e in encoded)  # never the whole data again
+    assert set(_checked_claims(d.checkpoint.path)) == {ref(c).uid for c in claims}
+
+
+def test_a_claim_changed_in_place_is_encoded_again(tmp_path: Path) -> None:
+    """The encodings are reused only for claims equal by value to what was saved: a record changed in place
+    (sharing marks its dict applied) is written as it is now."""
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, "boot")
+    devices = [CheckpointedDevice(pool="n", device="gpu-0", sharing={"strategy": "MPS", "applied": False})]
+    one = ClaimEntry(uid="u1", namespace="ns", name="ünï", state=ClaimState.PREPARE_STARTED, devices=devices)
+    two = ClaimEntry.model_validate({"uid": "u2", "namespace": "ns", "name": "b", "state": "PrepareCompleted",
+                                     "devices": [{"pool": "n", "device": "gpu-1", "future": {"x": 1}}]})  # fmt: skip
+    cp.put(one)
+    cp.put(two)
+    assert one.devices[0].sharing is not None
+    one.devices[0].sharing["applied"] = True
+    cp.save()
+    assert _checked_claims(path)["u1"]["devices"][0]["sharing"]["applied"] is True
+    one.state = ClaimState.PREPARE_COMPLETED
+    one.devices[0].released = True
+    cp.put(two)  # another claim's put writes this one as it is now, too
+    saved = _checked_claims(path)
+    assert saved["u1"]["state"] == "PrepareCompleted" and saved["u1"]["devices"][0]["released"] is True
+    assert saved["u2"]["devices"][0]["future"] == {"x": 1}  # a newer driver's field, kept
+    cp.drop("u1")
+    assert set(_checked_claims(path)) == {"u2"}
+    again = Checkpoint(path, "boot")
+    assert again.claims["u2"] == two
+    for cp_ in (cp, again):  # the file is exactly the whole data's canonical encoding
+        expected = checkpoint_module._canonical(cp_.data.model_dump(mode="json"))
+        assert json.loads(path.read_bytes())["data"] == json.loads(expected)
+        assert hashlib.sha256(expected).hexdigest() == json.loads(path.read_bytes())["checksum"]

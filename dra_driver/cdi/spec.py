@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -67,8 +67,10 @@ class CdiSpec(_Cdi):
     devices: list[CdiDevice]
     container_edits: ContainerEdits | None = Field(default=None, alias="containerEdits")
 
-    def to_json_dict(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True)
+    def to_json(self) -> bytes:
+        """Compact JSON, encoded by pydantic-core: a quarter of the CPU of model_dump + json.dumps for a spec with
+        the driver's files (bench/bench_prepare.py)."""
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
 def vendor(driver: str) -> str:

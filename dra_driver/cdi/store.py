@@ -8,11 +8,12 @@ every spec no prepared claim owns, and /var/run/cdi is a tmpfs anyway)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from dra_driver.cdi.spec import CDI_CLASS, CdiSpec, spec_file_name, vendor
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
 
 class CdiStore:
@@ -24,14 +25,17 @@ class CdiStore:
         return self.root / spec_file_name(self.driver, claim_uid)
 
     def write(self, claim_uid: str, spec: CdiSpec) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(claim_uid)
         tmp = final.with_name(f".{final.name}.tmp")  # neither .json nor .yaml: runtimes skip it
+        data = spec.to_json()
         try:
-            with open(tmp, "wb") as f:
-                # compact: json's C encoder (indent would take the pure-Python one: milliseconds for a spec
-                # with the driver's libraries)
-                f.write(json.dumps(spec.to_json_dict(), separators=(",", ":")).encode())
+            try:
+                fd = os.open(tmp, _CREATE, 0o666)
+            except FileNotFoundError:  # the first spec (or the directory was removed): one mkdir, not one per write
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(tmp, _CREATE, 0o666)
+            with open(fd, "wb") as f:
+                f.write(data)
             os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -1,18 +1,17 @@
-"""A small Kubernetes REST client over the standard library's http.client: JSON in, JSON out, every request with a
-timeout, keep-alive connections reused.
+"""A small Kubernetes REST client over HTTP/1.1 connections of its own (`http1`): JSON in, JSON out, every request
+with a timeout, keep-alive connections reused.
 
 Errors: an HTTP error status raises `ApiError` (with `status`, `reason` and `body`, as the official client's
 ApiException has them); connection errors (`ConnectionError`, `OSError`) and timeouts (`TimeoutError`, "timed out")
 pass through. A timed-out request is never retried: a retry would start the timeout over. A request that fails on a
 reused connection (the server closed it while idle) is sent once more on a new one when that is safe: an idempotent
-method, or a request that never got out. urllib3 did the same with more CPU per request, most of it its own
-bookkeeping, on every prepare.
+method, or a request that never got out. urllib3, then http.client, did the same with more CPU per request, most
+of it their own bookkeeping and header parsing, on every prepare.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import select
 import socket
@@ -25,6 +24,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from dra_driver.kube.config import ClusterConfig, UnsupportedKubeconfig, from_api_client, in_cluster, load_kubeconfig
+from dra_driver.kube.http1 import Connection, Response
 
 DEFAULT_TIMEOUT_S = 10.0
 POOL_SIZE = 16  # idle connections kept: prepares of different claims read in parallel
@@ -60,29 +60,27 @@ class _Connections:
         self._port = url.port or (443 if self._https else 80)
         self._context = ssl_context if self._https else None
         self._size = size
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[Connection] = []
         self._lock = threading.Lock()
 
-    def new(self, timeout: float) -> http.client.HTTPConnection:
-        if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._context)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+    def new(self, timeout: float) -> Connection:
+        return Connection(self._host, self._port, context=self._context, timeout=timeout)
 
-    def take(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+    def take(self, timeout: float) -> tuple[Connection, bool]:
         """A connection (True: a reused one) whose next socket operations time out after `timeout`."""
         while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 return self.new(timeout), False
-            if conn.sock is not None and not _closed_by_peer(conn.sock):
+            if conn.sock is not None and not conn.buffer and not _closed_by_peer(conn.sock):
                 conn.sock.settimeout(timeout)
                 return conn, True
             conn.close()
 
-    def give_back(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+    def give_back(self, conn: Connection, response: Response) -> None:
         """After `response` was read to its end."""
-        if not response.will_close and conn.sock is not None:
+        if not response.will_close and response.complete and conn.sock is not None:
             with self._lock:
                 if len(self._idle) < self._size:
                     self._idle.append(conn)
@@ -113,9 +111,7 @@ def path_of(group: str, version: str, plural: str, name: str = "", namespace: st
 class Watch:
     """The events of one watch request; `stop()` (from another thread) ends the iteration at once."""
 
-    def __init__(
-        self, connections: _Connections, conn: http.client.HTTPConnection, response: http.client.HTTPResponse, what: str
-    ) -> None:
+    def __init__(self, connections: _Connections, conn: Connection, response: Response, what: str) -> None:
         self._connections = connections
         self._conn = conn
         self._response = response
@@ -176,17 +172,17 @@ class KubeRest:
 
     def _send(
         self, method: str, target: str, body: bytes | None, headers: dict[str, str], deadline: float
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    ) -> tuple[Connection, Response]:
         """The response's status and headers read, its body not yet."""
         conn, reused = self._connections.take(_remaining(deadline))
         while True:
             sent = False
             try:
-                conn.request(method, self._prefix + target, body=body, headers=headers)
+                conn.request(method, self._prefix + target, body, headers)
                 sent = True
                 if conn.sock is not None:
                     conn.sock.settimeout(_remaining(deadline))
-                return conn, conn.getresponse()
+                return conn, conn.getresponse(method)
             except ConnectionError:  # reset, broken pipe, closed without an answer (a timeout is not one)
                 conn.close()
                 if not reused or (sent and method not in _IDEMPOTENT):
@@ -209,6 +205,20 @@ class KubeRest:
     ) -> Any:
         """The decoded JSON answer (None for an empty one). `timeout`: seconds for the whole request (default
         the client's); a zero or negative one is made a millisecond, never "no limit"."""
+        data = self.request_bytes(method, path, query=query, body=body, content_type=content_type, timeout=timeout)
+        return json.loads(data) if data else None
+
+    def request_bytes(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> bytes:
+        """As `request`, the answer's body undecoded: for a model that parses JSON itself (pydantic-core)."""
         target = path + ("?" + urlencode(query) if query else "")
         deadline = time.monotonic() + (self.timeout if timeout is None else max(timeout, 0.001))
         payload = None if body is None else json.dumps(body).encode()
@@ -222,7 +232,7 @@ class KubeRest:
         self._connections.give_back(conn, response)
         if response.status >= 400:
             raise ApiError(method, path, response.status, response.reason or "", data.decode(errors="replace"))
-        return json.loads(data) if data else None
+        return data
 
     def get(self, path: str, *, timeout: float | None = None, **query: Any) -> Any:
         return self.request("GET", path, query=query or None, timeout=timeout)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
 from dra_driver.slices.devices import PublishMode, gpu_devices
 from dra_driver.slices.model import Device
 from dra_driver.slices.naming import MigRef, parse_device_name
+
+if TYPE_CHECKING:
+    from dra_driver.cel.device import CelDevice
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,17 @@ class CatalogEntry:
     gpu: GpuInfo  # the whole GPU, or the parent of a MIG partition
     profile: MigProfile | None  # set for MIG partitions
     placement_start: int | None
+    # the device as CEL selectors see it, by driver name: converted at its first check only (an entry never
+    # changes, a rediscovery builds new ones), not at every prepare
+    _cel: dict[str, CelDevice] = field(default_factory=dict, compare=False, repr=False)
+
+    def cel_device(self, driver: str) -> CelDevice:
+        cel = self._cel.get(driver)
+        if cel is None:
+            from dra_driver.cel.device import CelDevice  # CEL loads after start-up (plugin.selectors)
+
+            cel = self._cel[driver] = CelDevice.from_slice_device(driver, self.device.to_api())
+        return cel
 
     @property
     def memory_slices(self) -> set[int]:

@@ -36,7 +36,7 @@ class OpaqueConfig(_Api):
 
 class AllocatedConfig(_Api):
     source: str  # FromClass | FromClaim
-    requests: list[str] = []
+    requests: list[str] = Field(default_factory=list)
     opaque: OpaqueConfig | None = None
 
 
@@ -50,12 +50,12 @@ class DeviceResult(_Api):
 
 
 class DeviceAllocation(_Api):
-    results: list[DeviceResult] = []
-    config: list[AllocatedConfig] = []
+    results: list[DeviceResult] = Field(default_factory=list)
+    config: list[AllocatedConfig] = Field(default_factory=list)
 
 
 class Allocation(_Api):
-    devices: DeviceAllocation = DeviceAllocation()
+    devices: DeviceAllocation = Field(default_factory=DeviceAllocation)
 
 
 class CelSelector(_Api):
@@ -69,26 +69,26 @@ class Selector(_Api):
 class SubRequest(_Api):
     name: str
     device_class_name: str = Field(alias="deviceClassName")
-    selectors: list[Selector] = []
+    selectors: list[Selector] = Field(default_factory=list)
 
 
 class ExactRequest(_Api):
     device_class_name: str = Field(alias="deviceClassName")
-    selectors: list[Selector] = []
+    selectors: list[Selector] = Field(default_factory=list)
 
 
 class Request(_Api):
     name: str
     exactly: ExactRequest | None = None
-    first_available: list[SubRequest] = Field(default=[], alias="firstAvailable")
+    first_available: list[SubRequest] = Field(default_factory=list, alias="firstAvailable")
 
 
 class ClaimDevicesSpec(_Api):
-    requests: list[Request] = []
+    requests: list[Request] = Field(default_factory=list)
 
 
 class ClaimSpec(_Api):
-    devices: ClaimDevicesSpec = ClaimDevicesSpec()
+    devices: ClaimDevicesSpec = Field(default_factory=ClaimDevicesSpec)
 
 
 class ConsumerReference(_Api):
@@ -117,13 +117,13 @@ class AllocatedDeviceStatus(_Api):
     pool: str
     device: str
     share_id: str | None = Field(default=None, alias="shareID")
-    conditions: list[DeviceCondition] = []
+    conditions: list[DeviceCondition] = Field(default_factory=list)
 
 
 class ClaimStatus(_Api):
     allocation: Allocation | None = None
-    reserved_for: list[ConsumerReference] = Field(default=[], alias="reservedFor")
-    devices: list[AllocatedDeviceStatus] = []
+    reserved_for: list[ConsumerReference] = Field(default_factory=list, alias="reservedFor")
+    devices: list[AllocatedDeviceStatus] = Field(default_factory=list)
 
     def reserved_pods(self) -> list[str]:
         """Names of the pods the claim is reserved for (core group, resource "pods"), sorted."""
@@ -138,8 +138,8 @@ class Metadata(_Api):
 
 class ResourceClaim(_Api):
     metadata: Metadata
-    spec: ClaimSpec = ClaimSpec()
-    status: ClaimStatus = ClaimStatus()
+    spec: ClaimSpec = Field(default_factory=ClaimSpec)
+    status: ClaimStatus = Field(default_factory=ClaimStatus)
 
     def request_class_and_selectors(self, request_ref: str) -> tuple[str, list[str]]:
         """The device class and claim CEL selectors behind a result's `request` (`req` or `req/sub`)."""
@@ -157,12 +157,12 @@ class ResourceClaim(_Api):
 
 
 class DeviceClassSpec(_Api):
-    selectors: list[Selector] = []
+    selectors: list[Selector] = Field(default_factory=list)
 
 
 class DeviceClass(_Api):
     metadata: Metadata
-    spec: DeviceClassSpec = DeviceClassSpec()
+    spec: DeviceClassSpec = Field(default_factory=DeviceClassSpec)
 
     @property
     def expressions(self) -> list[str]:
@@ -214,7 +214,8 @@ class KubeClaimSource:
 
     def get_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> ResourceClaim:
         path = path_of(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace)
-        return ResourceClaim.model_validate(self._rest.get(path, timeout=self._timeout(timeout)))
+        # parsed from the bytes by pydantic-core: no Python dicts of managedFields and the like built on the way
+        return ResourceClaim.model_validate_json(self._rest.request_bytes("GET", path, timeout=self._timeout(timeout)))
 
     def get_device_class(self, name: str, *, timeout: float | None = None) -> DeviceClass:
         path = path_of(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", name)

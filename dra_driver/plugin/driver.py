@@ -391,8 +391,7 @@ class Driver:
             if not isinstance(device_class, DeviceClass):
                 raise PrepareError(device_class or f"device class {class_name} not found")
             failure = check_selectors(
-                self.settings.driver,
-                entry.device,
+                entry.cel_device(self.settings.driver),
                 [SelectorCheck(f"class {class_name}", i, e) for i, e in enumerate(device_class.expressions)]
                 + [SelectorCheck(f"claim request {result.request}", i, e) for i, e in enumerate(claim_selectors)],
             )

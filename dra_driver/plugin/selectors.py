@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dra_driver.slices.model import Device
+if TYPE_CHECKING:
+    from dra_driver.cel.device import CelDevice
 
 # The CEL environment is a third of the daemon's imports: it loads once the daemon serves the kubelet (`warm_up`,
 # from the daemon), or at the first selector check, not before.
@@ -29,15 +31,13 @@ class SelectorCheck:
     expression: str
 
 
-def check_selectors(driver: str, device: Device, checks: list[SelectorCheck]) -> str | None:
+def check_selectors(cel_device: CelDevice, checks: list[SelectorCheck]) -> str | None:
     """None when every selector matches, else why not (Kubernetes' wording for CEL errors)."""
     if not checks:
         return None
-    from dra_driver.cel.device import CelDevice
     from dra_driver.cel.errors import CelCompileError, CelRuntimeError
     from dra_driver.cel.program import compile_selector
 
-    cel_device = CelDevice.from_slice_device(driver, device.to_api())
     for check in checks:
         where = f"{check.source}: selector #{check.index}"
         try:

@@ -1,0 +1,206 @@
+"""HTTP/1.1 client connections: what the REST client needs of http.client, a third of its CPU per request.
+
+http.client parses every response's headers with the email package and wraps the socket in a new buffered file
+per response; for a 1 KB ResourceClaim that was two thirds of a GET's CPU in the daemon (bench/bench_prepare.py).
+Here a response is read from one buffer per connection: the status line, the headers as a dict, and a body
+framed as RFC 9112 section 6 says (no body for HEAD, 1xx, 204 and 304; chunked; Content-Length; else until the
+server closes). No proxies, no compression (never asked for), no 100-continue (never sent).
+
+Errors: a connection the server closed before a whole response came raises ConnectionResetError (the caller may
+send again where that is safe); a response that breaks the protocol raises ProtocolError; socket timeouts raise
+TimeoutError, as socket operations do.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+
+MAX_HEADER_BYTES = 256 * 1024  # the API server's own limit on request headers is 1 MiB; its responses are small
+_READ = 65536
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+class ProtocolError(OSError):
+    """The server's answer is not HTTP/1.x as this client reads it."""
+
+
+def _closed() -> ConnectionResetError:
+    return ConnectionResetError("the API server closed the connection before a whole response")
+
+
+class Response:
+    """A response whose status and headers are read; the body is read with `read` (all of it) or `read1`."""
+
+    def __init__(self, conn: Connection, status: int, reason: str, headers: dict[str, str], method: str) -> None:
+        self.status, self.reason, self.headers = status, reason, headers
+        self._conn = conn
+        connection = headers.get("connection", "").lower()
+        self.will_close = "close" in connection
+        self._chunked = False
+        self._left: int | None = 0  # bytes left in the body (chunked: in the current chunk); None: until close
+        self._done = False
+        if method == "HEAD" or status < 200 or status in _NO_BODY_STATUS:
+            self._done = True
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            self._chunked = True
+        elif "content-length" in headers:
+            try:
+                self._left = int(headers["content-length"])
+            except ValueError:
+                raise ProtocolError(f"invalid Content-Length {headers['content-length']!r}") from None
+            if self._left < 0:
+                raise ProtocolError(f"invalid Content-Length {self._left}")
+            self._done = self._left == 0
+        else:
+            self._left, self.will_close = None, True
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has been read."""
+        return self._done
+
+    def read(self) -> bytes:
+        parts: list[bytes] = []
+        while chunk := self.read1(_READ):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def read1(self, limit: int = _READ) -> bytes:
+        """Some of the body: what is buffered or one socket read's worth, at most `limit` bytes; b"" at its end."""
+        if self._done:
+            return b""
+        conn = self._conn
+        if self._chunked and self._left == 0:
+            self._left = self._chunk_size()
+            if self._left == 0:
+                self._trailers()
+                self._done = True
+                return b""
+        if not conn.buffer and not conn.fill():
+            if self._left is None:  # framed by the close
+                self._done = True
+                return b""
+            raise _closed()
+        n = len(conn.buffer) if self._left is None else min(len(conn.buffer), self._left)
+        n = min(n, limit)
+        data = bytes(conn.buffer[:n])
+        del conn.buffer[:n]
+        if self._left is not None:
+            self._left -= n
+            if self._left == 0:
+                if self._chunked:
+                    if conn.line() != b"":
+                        raise ProtocolError("a chunk does not end with CRLF")
+                else:
+                    self._done = True
+        return data
+
+    def _chunk_size(self) -> int:
+        line = self._conn.line()
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise ProtocolError(f"invalid chunk size line {line[:40]!r}") from None
+        if size < 0:
+            raise ProtocolError(f"invalid chunk size {size}")
+        return size
+
+    def _trailers(self) -> None:
+        while self._conn.line() != b"":
+            pass
+
+
+class Connection:
+    """One keep-alive connection to host:port (TLS with `context`), opened by its first request."""
+
+    def __init__(self, host: str, port: int, *, context: ssl.SSLContext | None, timeout: float) -> None:
+        self.host, self.port, self.context, self.timeout = host, port, context, timeout
+        self.sock: socket.socket | None = None
+        self.buffer = bytearray()
+        default = 443 if context is not None else 80
+        name = f"[{host}]" if ":" in host else host
+        self._host_header = name if port == default else f"{name}:{port}"
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the request goes out in one write anyway
+            if self.context is not None:
+                sock = self.context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        self.buffer.clear()
+        if sock is not None:
+            sock.close()
+
+    def request(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> None:
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        if any("\n" in line or "\r" in line for line in lines):  # a header must not smuggle in another
+            raise ValueError("a request line or header contains a line break")
+        head = "\r\n".join(lines)
+        if self.sock is None:
+            self.connect()
+        assert self.sock is not None
+        self.sock.sendall(head.encode("latin-1") + b"\r\n\r\n" + (body or b""))
+
+    def getresponse(self, method: str) -> Response:
+        while True:
+            status, reason, headers = self._head()
+            if 100 <= status < 200 and status != 101:  # interim (100 Continue, 103 Early Hints): the answer follows
+                continue
+            return Response(self, status, reason, headers, method)
+
+    def fill(self) -> bool:
+        """One socket read into the buffer; False when the server has closed the connection."""
+        if self.sock is None:
+            return False
+        data = self.sock.recv(_READ)
+        self.buffer += data
+        return bool(data)
+
+    def line(self) -> bytes:
+        """The next CRLF-terminated line, without it."""
+        while True:
+            end = self.buffer.find(b"\r\n")
+            if end >= 0:
+                out = bytes(self.buffer[:end])
+                del self.buffer[: end + 2]
+                return out
+            if len(self.buffer) > MAX_HEADER_BYTES:
+                raise ProtocolError(f"a line longer than {MAX_HEADER_BYTES} bytes")
+            if not self.fill():
+                raise _closed()
+
+    def _head(self) -> tuple[int, str, dict[str, str]]:
+        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            if len(self.buffer) > MAX_HEADER_BYTES:
+                raise ProtocolError(f"response headers longer than {MAX_HEADER_BYTES} bytes")
+            if not self.fill():
+                raise _closed()
+        head = bytes(self.buffer[:end]).decode("latin-1")
+        del self.buffer[: end + 4]
+        status_line, *fields = head.split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        code, _, reason = rest.partition(" ")
+        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+            raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+        headers: dict[str, str] = {}
+        for field in fields:
+            name, sep, value = field.partition(":")
+            if not sep:
+                raise ProtocolError(f"invalid header line {field[:80]!r}")
+            key = name.strip().lower()
+            value = value.strip()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        if version == "HTTP/1.0" and "keep-alive" not in headers.get("connection", "").lower():
+            headers["connection"] = "close"  # HTTP/1.0 closes after each response unless it says otherwise
+        return int(code), reason, headers
