@@ -417,7 +417,7 @@ def test_one_hundred_concurrent_prepares_leave_a_consistent_state(node: Node) ->
     completed = {uid for uid, e in d.checkpoint.claims.items() if e.state is ClaimState.PREPARE_COMPLETED}
     assert completed == {c["metadata"]["uid"] for c in ok} == set(d.checkpoint.claims)
     assert node.cdi_files() == sorted(spec_file_name(DRIVER, uid) for uid in completed)
-    migs = sorted((int(h.device.name.split("-")[1]), h.profile.id, h.placement_start) for h in held if h.profile)
+    migs = sorted((int(h.name.split("-")[1]), h.profile.id, h.placement_start) for h in held if h.profile)
     assert node.mig_instances() == migs
     assert all(e == "" for e in d.unprepare([ref(c) for c in ok]).values())
     assert node.mig_instances() == [] and node.cdi_files() == [] and d.checkpoint.claims == {}

@@ -174,7 +174,9 @@ class Driver:
         # a driver upgrade under a running plugin: the next claims get the new version's files
         edits = self._driver_edits(inventory) if inventory.driver_version != self.inventory.driver_version else None
         with self._thread_lock:
-            changed = {n: e.device for n, e in catalog.items()} != {n: e.device for n, e in self.catalog.items()}
+            changed = {n: e.device_json for n, e in catalog.items()} != {
+                n: e.device_json for n, e in self.catalog.items()
+            }
             self.inventory, self.catalog = inventory, catalog
             if edits is not None:
                 self.driver_edits = edits
@@ -310,8 +312,8 @@ class Driver:
                 CheckpointedDevice(
                     requests=[p.request.split("/", 1)[0]],
                     pool=self.settings.pool,
-                    device=p.entry.device.name,
-                    cdi_device_ids=[cdi_device_id(self.settings.driver, ref.uid, p.entry.device.name)],
+                    device=p.entry.name,
+                    cdi_device_ids=[cdi_device_id(self.settings.driver, ref.uid, p.entry.name)],
                     admin_access=p.admin_access,
                     share_id=p.share_id,
                 )
@@ -385,7 +387,7 @@ class Driver:
             admin = bool(result.admin_access)
             for c in checked:  # the claim's own devices; other claims' are checked under the lock (_plan)
                 if not admin and not c.admin_access and conflicts(entry, c.entry):
-                    raise PrepareError(f"devices {c.entry.device.name} and {result.device} overlap")
+                    raise PrepareError(f"devices {c.entry.name} and {result.device} overlap")
             class_name, claim_selectors = claim.request_class_and_selectors(result.request)
             device_class = classes.get(class_name)
             if not isinstance(device_class, DeviceClass):
@@ -397,7 +399,7 @@ class Driver:
             )
             if failure:
                 raise PrepareError(f"device {result.device}: {failure}")
-            config = resolve(allocation.config, self.settings.driver, result.request, _device_type(entry))
+            config = resolve(allocation.config, self.settings.driver, result.request, entry.device_type)
             if config is not None and config.sharing is not None:
                 why = features.strategy_disabled(self.settings.feature_gates, config.sharing.strategy)
                 if why:
@@ -415,15 +417,15 @@ class Driver:
         ]
         planned: list[_Planned] = []
         for c in checked:
-            name = c.entry.device.name
+            name = c.entry.name
             if self.catalog.get(name) != c.entry:  # rediscovered since it was checked: the kubelet retries
                 raise PrepareError(f"device {name} changed while the claim was being prepared; retry")
             if not c.admin_access:
                 for uid, other in held:
                     if conflicts(c.entry, other):
-                        raise PrepareError(f"device {name} overlaps {other.device.name}, which claim {uid} holds")
+                        raise PrepareError(f"device {name} overlaps {other.name}, which claim {uid} holds")
             planned.append(_Planned(c.request, c.entry, c.admin_access, c.config, c.share_id))
-        self.sharing.validate([(p.entry.device.name, p.config, p.admin_access) for p in planned])
+        self.sharing.validate([(p.entry.name, p.config, p.admin_access) for p in planned])
         return planned
 
     def _mig_for(self, p: _Planned, claim_uid: str) -> LiveMig:
@@ -432,9 +434,9 @@ class Driver:
         if p.admin_access:  # admin access shares the partition another claim carved
             for e in self.checkpoint.claims.values():
                 for d in e.devices:
-                    if d.device == p.entry.device.name and d.mig is not None and not d.released and e.uid != claim_uid:
+                    if d.device == p.entry.name and d.mig is not None and not d.released and e.uid != claim_uid:
                         return d.mig
-            raise PrepareError(f"admin access to {p.entry.device.name}: no claim has carved that MIG device")
+            raise PrepareError(f"admin access to {p.entry.name}: no claim has carved that MIG device")
         return create_mig_device(
             self.lib,
             gpu.uuid,
@@ -617,7 +619,3 @@ class Driver:
         for tmp in self.cdi.stale_temp_files():
             log.warning("removing %s, left by an interrupted write", tmp)
             tmp.unlink(missing_ok=True)
-
-
-def _device_type(entry: CatalogEntry) -> str:
-    return str(entry.device.attributes["type"].value())

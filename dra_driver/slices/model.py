@@ -16,6 +16,10 @@ class _ApiModel(BaseModel):
     def to_api(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
 
+    def to_api_json(self) -> bytes:
+        """`to_api` as compact JSON (json.loads of it equals `to_api()`), encoded by pydantic-core."""
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+
 
 class DeviceAttribute(_ApiModel):
     int_: int | None = Field(default=None, alias="int")
