@@ -180,6 +180,35 @@ def test_a_claim_is_read_and_rechecked_while_another_prepare_holds_the_device_lo
     assert out[c["metadata"]["uid"]].error == ""
 
 
+def test_a_gpus_device_nodes_are_read_while_another_prepare_holds_the_device_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/devices is read for the CDI spec before the lock: three system calls fewer while other prepares
+    wait, each a chance for another thread to take the GIL from the lock's holder."""
+    node = Node(tmp_path)
+    c = claim(["gpu-2"])
+    node.add(c)
+    d = node.driver()
+    read = threading.Event()
+    real = driver_module.gpu_nodes
+
+    def nodes(*args: Any) -> Any:
+        read.set()
+        return real(*args)
+
+    monkeypatch.setattr(driver_module, "gpu_nodes", nodes)
+    out: dict[str, Any] = {}
+    with d._locked():
+        t = threading.Thread(target=lambda: out.update(d.prepare([ref(c)], deadline=time.monotonic() + 60)))
+        t.start()
+        assert read.wait(20), "the device nodes were read under the device lock"
+        assert t.is_alive()
+    t.join(60)
+    assert out[c["metadata"]["uid"]].error == ""
+    spec = json.loads(d.cdi.path(ref(c).uid).read_text())
+    assert "/dev/nvidia2" in [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+
+
 def test_a_prepared_claim_is_answered_even_if_its_class_no_longer_matches(tmp_path: Path) -> None:
     node = Node(tmp_path)
     c = claim(["gpu-1"])

@@ -114,6 +114,7 @@ class _Checked:
     admin_access: bool
     config: GpuConfig | MigDeviceConfig | None
     share_id: str | None
+    nodes: list[CharDevice]  # the GPU's device nodes (a MIG device's capability nodes are known once it exists)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class _Planned:
     admin_access: bool
     config: GpuConfig | MigDeviceConfig | None = None  # sharing
     share_id: str | None = None  # set for devices several claims hold at once (consumable capacity)
+    nodes: list[CharDevice] = field(default_factory=list)
 
 
 class Driver:
@@ -198,22 +200,24 @@ class Driver:
     def _locked(self, deadline: float | None = None) -> Iterator[None]:
         """Both device locks; with a `deadline` (time.monotonic()), LockTimeout instead of waiting past it."""
         # 0600: anyone who can open the lock file can take it and stall every prepare on the node.
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        with open(fd, "r+") as f:
-            os.fchmod(f.fileno(), 0o600)  # an older driver created it 0644
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # an older driver created it 0644
             if not self._thread_lock.acquire(timeout=-1 if deadline is None else max(0.0, time_left(deadline))):
                 raise LockTimeout("deadline exceeded waiting for another prepare or unprepare on this node")
             try:
-                _flock(f.fileno(), deadline)
+                _flock(fd, deadline)
                 try:
                     # Another process (the other pod of a rolling update) may have changed the checkpoint.
                     if hasattr(self, "checkpoint"):
                         self.checkpoint.refresh()
                     yield
                 finally:
-                    fcntl.flock(f, fcntl.LOCK_UN)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 self._thread_lock.release()
+        finally:
+            os.close(fd)  # after the locks: one system call less while other prepares wait for them
 
     # ----- prepare ----------------------------------------------------------------------------------------
     def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
@@ -231,11 +235,11 @@ class Driver:
                 out[ref.uid] = PrepareResult(error=got)
                 continue
             try:
-                checked: list[_Checked] | PrepareError | ConfigError
-                try:  # CEL and configs outside the lock: other prepares go on meanwhile
+                checked: list[_Checked] | PrepareError | ConfigError | DevNodeError
+                try:  # CEL, configs and device nodes outside the lock: other prepares go on meanwhile
                     checked = self._check(got, classes)
-                except (PrepareError, ConfigError) as e:  # raised under the lock unless the claim is prepared already
-                    checked = e
+                except (PrepareError, ConfigError, DevNodeError) as e:  # raised under the lock unless the claim is
+                    checked = e  # prepared already
                 with self._locked(deadline):
                     if read_timeout(deadline) <= 0:  # the wait for the lock used up the time: the answer would be late
                         out[ref.uid] = PrepareResult(
@@ -286,7 +290,7 @@ class Driver:
     def _prepare_claim(
         self,
         ref: ClaimRef,
-        checked: list[_Checked] | PrepareError | ConfigError,
+        checked: list[_Checked] | PrepareError | ConfigError | DevNodeError,
         deadline: float | None = None,
     ) -> list[PreparedDevice]:
         existing = self.checkpoint.claims.get(ref.uid)
@@ -333,7 +337,7 @@ class Driver:
                 gpu = p.entry.gpu
                 if p.entry.profile is None:
                     self._ensure_whole_gpu(p.entry)
-                    nodes[record.device] = gpu_nodes(self.proc_root, gpu.minor)
+                    nodes[record.device] = p.nodes
                     uuids.append(gpu.uuid)
                     continue
                 live = self._mig_for(p, ref.uid)
@@ -341,9 +345,7 @@ class Driver:
                 record.mig = live
                 self.checkpoint.save()  # the instance exists: record it before anything else can fail
                 crashpoints.reached("prepare.mig-recorded")
-                nodes[record.device] = gpu_nodes(self.proc_root, gpu.minor) + mig_cap_nodes(
-                    self.proc_root, gpu.minor, live.gi_id, live.ci_id
-                )
+                nodes[record.device] = p.nodes + mig_cap_nodes(self.proc_root, gpu.minor, live.gi_id, live.ci_id)
                 uuids.append(live.uuid)
             targets = [
                 Target(record, p.config, uuid, p.entry.profile is not None)
@@ -404,7 +406,8 @@ class Driver:
                 why = features.strategy_disabled(self.settings.feature_gates, config.sharing.strategy)
                 if why:
                     raise PrepareError(f"device {result.device}: {why}")
-            checked.append(_Checked(result.request, entry, admin, config, result.share_id))
+            nodes = gpu_nodes(self.proc_root, entry.gpu.minor)  # /proc/devices read outside the device lock
+            checked.append(_Checked(result.request, entry, admin, config, result.share_id, nodes))
         return checked
 
     def _plan(self, checked: list[_Checked]) -> list[_Planned]:
@@ -424,7 +427,7 @@ class Driver:
                 for uid, other in held:
                     if conflicts(c.entry, other):
                         raise PrepareError(f"device {name} overlaps {other.name}, which claim {uid} holds")
-            planned.append(_Planned(c.request, c.entry, c.admin_access, c.config, c.share_id))
+            planned.append(_Planned(c.request, c.entry, c.admin_access, c.config, c.share_id, c.nodes))
         self.sharing.validate([(p.entry.name, p.config, p.admin_access) for p in planned])
         return planned
 
