@@ -376,9 +376,9 @@ def test_a_save_encodes_only_the_claims_that_changed_since_the_last_one(
     assert set(_checked_claims(d.checkpoint.path)) == {ref(c).uid for c in claims}
 
 
-def test_a_claim_changed_in_place_is_encoded_again(tmp_path: Path) -> None:
-    """The encodings are reused only for claims equal by value to what was saved: a record changed in place
-    (sharing marks its dict applied) is written as it is now."""
+def test_each_claim_is_written_as_it_was_when_last_put(tmp_path: Path) -> None:
+    """A write re-encodes only the claim put (the driver puts the claim it changed, after each change); `save`
+    writes every claim as it is now. The file is always a valid checkpoint of what was recorded."""
     path = tmp_path / "checkpoint.json"
     cp = Checkpoint(path, "boot")
     devices = [CheckpointedDevice(pool="n", device="gpu-0", sharing={"strategy": "MPS", "applied": False})]
@@ -388,12 +388,14 @@ def test_a_claim_changed_in_place_is_encoded_again(tmp_path: Path) -> None:
     cp.put(one)
     cp.put(two)
     assert one.devices[0].sharing is not None
-    one.devices[0].sharing["applied"] = True
-    cp.save()
+    one.devices[0].sharing["applied"] = True  # in place, as sharing marks its record applied
+    cp.put(two)
+    assert _checked_claims(path)["u1"]["devices"][0]["sharing"]["applied"] is False  # not put since
+    cp.put(one)
     assert _checked_claims(path)["u1"]["devices"][0]["sharing"]["applied"] is True
     one.state = ClaimState.PREPARE_COMPLETED
     one.devices[0].released = True
-    cp.put(two)  # another claim's put writes this one as it is now, too
+    cp.save()
     saved = _checked_claims(path)
     assert saved["u1"]["state"] == "PrepareCompleted" and saved["u1"]["devices"][0]["released"] is True
     assert saved["u2"]["devices"][0]["future"] == {"x": 1}  # a newer driver's field, kept
@@ -401,7 +403,9 @@ def test_a_claim_changed_in_place_is_encoded_again(tmp_path: Path) -> None:
     assert set(_checked_claims(path)) == {"u2"}
     again = Checkpoint(path, "boot")
     assert again.claims["u2"] == two
-    for cp_ in (cp, again):  # the file is exactly the whole data's canonical encoding
+    again.put(ClaimEntry(uid="u3", namespace="ns", name="c", state=ClaimState.PREPARE_STARTED))
+    for cp_ in (cp, again):  # each the canonical encoding of all it recorded, as a full encoding would have it
+        cp_.refresh()
         expected = checkpoint_module._canonical(cp_.data.model_dump(mode="json"))
         assert json.loads(path.read_bytes())["data"] == json.loads(expected)
         assert hashlib.sha256(expected).hexdigest() == json.loads(path.read_bytes())["checksum"]

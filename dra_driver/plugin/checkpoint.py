@@ -145,9 +145,9 @@ class Checkpoint:
         self.path = path
         self.boot_id = boot_id
         self._seen: tuple[int, ...] | None = None
-        # claim uid -> (its model_dump at the last save, its canonical JSON): a save encodes only the claims that
-        # changed since (compared by value, so a change made in place is never missed)
-        self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
+        # claim uid -> (its entry, its canonical JSON) as last encoded: a write re-encodes only the claim that was
+        # put (see `put`), not all of them
+        self._encoded: dict[str, tuple[ClaimEntry, bytes]] = {}
         self.data = self._load()
 
     def refresh(self) -> None:
@@ -218,17 +218,16 @@ class Checkpoint:
         return parsed
 
     def _claim_json(self, uid: str, entry: ClaimEntry) -> bytes:
-        fields = entry.model_dump()
         cached = self._encoded.get(uid)
-        if cached is not None and cached[0] == fields:
+        if cached is not None and cached[0] is entry:
             return cached[1]
         encoded = _canonical(entry.model_dump(mode="json"))
-        self._encoded[uid] = (fields, encoded)
+        self._encoded[uid] = (entry, encoded)
         return encoded
 
     def _data_json(self) -> bytes:
-        """`_canonical(self.data.model_dump(mode="json"))`, re-encoding only the claims that changed: with 8 claims
-        prepared, encoding them all was most of a save's CPU, under the node lock."""
+        """`_canonical` of the data, each claim as it was last put (or saved): with 8 claims prepared, encoding
+        (or only comparing) them all at every write was most of a write's CPU, under the node lock."""
         claims = {uid: self._claim_json(uid, entry) for uid, entry in self.data.claims.items()}
         for gone in self._encoded.keys() - claims.keys():
             del self._encoded[gone]
@@ -237,6 +236,11 @@ class Checkpoint:
         return _canonical_object(members)
 
     def save(self) -> None:
+        """Write every claim as it is now (after changes to several claims, or to the data itself)."""
+        self._encoded.clear()
+        self._write()
+
+    def _write(self) -> None:
         # the data encoded sorted and compact, once: the checksum's input and the file's "data" (json's C encoder;
         # indent would take the pure-Python one, most of a prepare's CPU)
         data = self._data_json()
@@ -270,9 +274,12 @@ class Checkpoint:
         return self.data.claims
 
     def put(self, entry: ClaimEntry) -> None:
+        """Record `entry` as it is now; the other claims are written as they were last put. Changes made to a
+        claim's record in place are written when that claim is put."""
         self.data.claims[entry.uid] = entry
-        self.save()
+        self._encoded.pop(entry.uid, None)
+        self._write()
 
     def drop(self, uid: str) -> None:
         if self.data.claims.pop(uid, None) is not None:
-            self.save()
+            self._write()

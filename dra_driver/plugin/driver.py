@@ -343,7 +343,7 @@ class Driver:
                 live = self._mig_for(p, ref.uid)
                 crashpoints.reached("prepare.mig-created")
                 record.mig = live
-                self.checkpoint.save()  # the instance exists: record it before anything else can fail
+                self.checkpoint.put(entry)  # the instance exists: record it before anything else can fail
                 crashpoints.reached("prepare.mig-recorded")
                 nodes[record.device] = p.nodes + mig_cap_nodes(self.proc_root, gpu.minor, live.gi_id, live.ci_id)
                 uuids.append(live.uuid)
@@ -352,7 +352,9 @@ class Driver:
                 for p, record, uuid in zip(planned, entry.devices, uuids, strict=True)
             ]
             # recorded in the checkpoint; the other claims' records say who else holds a shared GPU's settings
-            edits = self.sharing.apply(ref.uid, targets, self.checkpoint.save, self._others(ref.uid), deadline=deadline)
+            edits = self.sharing.apply(
+                ref.uid, targets, lambda: self.checkpoint.put(entry), self._others(ref.uid), deadline=deadline
+            )
             spec = claim_spec(self.settings.driver, ref.uid, nodes, uuids, common=self.driver_edits)
             self.cdi.write(ref.uid, with_edits(spec, edits))
             crashpoints.reached("prepare.cdi-written")
