@@ -53,7 +53,7 @@ def test_memory_is_trimmed_once_after_each_burst_of_calls(monkeypatch: pytest.Mo
 
 def test_the_catalog_of_a_dgx_h100_holds_its_208_devices_in_well_under_a_megabyte(tmp_path: Path) -> None:
     """The daemon keeps its catalog for its whole life: as pydantic models, a DGX H100's devices (every MIG
-    placement) took 3.3 MB; as JSON they take a tenth of that. Selectors still see the device as published."""
+    placement) took megabytes; as JSON they stay under one. Selectors still see the device as published."""
     from dra_driver.nvml.discovery import discover
     from dra_driver.plugin.catalog import build_catalog
     from dra_driver.simulator.nvml import SimulatedNvml

@@ -68,8 +68,8 @@ class CdiSpec(_Cdi):
     container_edits: ContainerEdits | None = Field(default=None, alias="containerEdits")
 
     def to_json(self) -> bytes:
-        """Compact JSON, encoded by pydantic-core: a quarter of the CPU of model_dump + json.dumps for a spec with
-        the driver's files (bench/bench_prepare.py)."""
+        """Compact JSON, encoded by pydantic-core: no Python dicts built for a spec with the driver's files, written
+        at every prepare."""
         return self.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 

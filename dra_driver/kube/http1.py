@@ -1,10 +1,10 @@
-"""HTTP/1.1 client connections: what the REST client needs of http.client, a third of its CPU per request.
+"""HTTP/1.1 client connections: what the REST client needs of http.client, for less CPU per request.
 
 http.client parses every response's headers with the email package and wraps the socket in a new buffered file
-per response; for a 1 KB ResourceClaim that was two thirds of a GET's CPU in the daemon (bench/bench_prepare.py).
-Here a response is read from one buffer per connection: the status line, the headers as a dict, and a body
-framed as RFC 9112 section 6 says (no body for HEAD, 1xx, 204 and 304; chunked; Content-Length; else until the
-server closes). No proxies, no compression (never asked for), no 100-continue (never sent).
+per response; for a 1 KB ResourceClaim that was most of a GET's CPU in the daemon, read at every prepare. Here a
+response is read from one buffer per connection: the status line, the headers as a dict, and a body framed as RFC
+9112 section 6 says (no body for HEAD, 1xx, 204 and 304; chunked; Content-Length; else until the server closes).
+No proxies, no compression (never asked for), no 100-continue (never sent).
 
 Errors: a connection the server closed before a whole response came raises ConnectionResetError (the caller may
 send again where that is safe); a response that breaks the protocol raises ProtocolError; socket timeouts raise

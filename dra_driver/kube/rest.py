@@ -193,19 +193,9 @@ class KubeRest:
             # the server closed the reused connection: once more on a new one
             conn, reused = self._connections.new(_remaining(deadline)), False
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float | None = None,
-    ) -> Any:
-        """The decoded JSON answer (None for an empty one). `timeout`: seconds for the whole request (default
-        the client's); a zero or negative one is made a millisecond, never "no limit"."""
-        data = self.request_bytes(method, path, query=query, body=body, content_type=content_type, timeout=timeout)
+    def request(self, method: str, path: str, **options: Any) -> Any:
+        """The decoded JSON answer (None for an empty one); `options` as `request_bytes` takes them."""
+        data = self.request_bytes(method, path, **options)
         return json.loads(data) if data else None
 
     def request_bytes(
@@ -218,7 +208,8 @@ class KubeRest:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> bytes:
-        """As `request`, the answer's body undecoded: for a model that parses JSON itself (pydantic-core)."""
+        """The answer's body, undecoded (a model parses it itself: pydantic-core). `timeout`: seconds for the whole
+        request (default the client's); a zero or negative one is made a millisecond, never "no limit"."""
         target = path + ("?" + urlencode(query) if query else "")
         deadline = time.monotonic() + (self.timeout if timeout is None else max(timeout, 0.001))
         payload = None if body is None else json.dumps(body).encode()

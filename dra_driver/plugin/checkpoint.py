@@ -227,7 +227,7 @@ class Checkpoint:
 
     def _data_json(self) -> bytes:
         """`_canonical` of the data, each claim as it was last put (or saved): with 8 claims prepared, encoding
-        (or only comparing) them all at every write was most of a write's CPU, under the node lock."""
+        (or only comparing) them all at every write was a large part of its CPU, under the node lock."""
         claims = {uid: self._claim_json(uid, entry) for uid, entry in self.data.claims.items()}
         for gone in self._encoded.keys() - claims.keys():
             del self._encoded[gone]
