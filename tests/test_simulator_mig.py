@@ -324,3 +324,47 @@ def test_state_of_another_machine_is_refused(tmp_path: Path) -> None:
     SimulatedNvml("dgx-h100", tmp_path)
     with pytest.raises(ValueError, match="belongs to machine 'dgx-h100'"):
         SimulatedNvml("dgx-a100", tmp_path)
+
+
+def test_the_fake_procfs_follows_every_instance_and_rebuilds_without_its_marker(sim_factory) -> None:
+    """/proc/driver/nvidia/capabilities as the driver shows it: an access file per GPU and compute instance with
+    its nvidia-cap minor, gone with the instance (its empty directories too); rebuilt from the tree when the
+    record of what it shows is lost."""
+    from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
+
+    sim = sim_factory("dgx-h100")
+    caps = sim.proc_root / "driver" / "nvidia" / "capabilities"
+
+    def tree() -> dict[str, int]:
+        return {
+            str(p.relative_to(caps)): int(p.read_text().split("DeviceFileMinor: ")[1].split()[0])
+            for p in sorted(caps.rglob("*"))
+            if p.is_file()
+        }
+
+    dev = sim.nvmlDeviceGetHandleByIndex(2)
+    _enable_mig(sim, dev)
+    minor = sim.nvmlDeviceGetMinorNumber(dev)
+    profiles = {p.name: p.id for p in product("h100-sxm5-80gb").mig_profiles}
+    gi = create_gi(sim, dev, profiles["1g.10gb"], 3, 1)
+    ci = create_full_ci(sim, gi, 1)
+    gi_id, ci_id = sim.nvmlGpuInstanceGetInfo(gi).id, sim.nvmlComputeInstanceGetInfo(ci).id
+    other = create_gi(sim, dev, profiles["2g.20gb"], 4, 2)
+    other_id = sim.nvmlGpuInstanceGetInfo(other).id
+    expected = {
+        "mig/config": 1,
+        "mig/monitor": 2,
+        f"gpu{minor}/mig/gi{gi_id}/access": gi_cap_minor(minor, gi_id),
+        f"gpu{minor}/mig/gi{gi_id}/ci{ci_id}/access": ci_cap_minor(minor, gi_id, ci_id),
+        f"gpu{minor}/mig/gi{other_id}/access": gi_cap_minor(minor, other_id),
+    }
+    assert tree() == expected
+    sim.nvmlComputeInstanceDestroy(ci)
+    assert not (caps / f"gpu{minor}" / "mig" / f"gi{gi_id}" / f"ci{ci_id}").exists()  # its directory too
+    sim.nvmlGpuInstanceDestroy(gi)
+    assert not (caps / f"gpu{minor}" / "mig" / f"gi{gi_id}").exists()
+    assert tree() == {k: v for k, v in expected.items() if f"gi{gi_id}/" not in k}
+    (sim.proc_root / ".instances").unlink()  # lost: the next change reads the tree itself
+    sim.nvmlGpuInstanceDestroy(other)
+    assert tree() == {"mig/config": 1, "mig/monitor": 2}
+    assert not (caps / f"gpu{minor}").exists() or not any((caps / f"gpu{minor}").rglob("access"))

@@ -4,7 +4,9 @@ each GPU instance and compute instance. Regenerated from the simulator state on 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 
 from dra_driver.simulator.state import MachineState
@@ -29,17 +31,19 @@ def _cap_text(minor: int, mode: int) -> str:
 Instances = list[tuple[int, list[tuple[int, list[int]]]]]  # (GPU minor, [(GI id, [CI ids])])
 
 
-def _wanted(caps: Path, instances: Instances) -> dict[Path, str]:
-    wanted: dict[Path, str] = {
-        caps / "mig" / "config": _cap_text(1, 0o400),
-        caps / "mig" / "monitor": _cap_text(2, _ACCESS_MODE),
+def _wanted(caps: str, instances: Instances) -> dict[str, str]:
+    """Path -> content of every capability file. Plain strings, not pathlib: this runs on every MIG change, and
+    pathlib's joins were most of a simulated MIG prepare's CPU."""
+    wanted: dict[str, str] = {
+        f"{caps}/mig/config": _cap_text(1, 0o400),
+        f"{caps}/mig/monitor": _cap_text(2, _ACCESS_MODE),
     }
     for minor, gis in instances:
         for gi, cis in gis:
-            gi_dir = caps / f"gpu{minor}" / "mig" / f"gi{gi}"
-            wanted[gi_dir / "access"] = _cap_text(gi_cap_minor(minor, gi), _ACCESS_MODE)
+            gi_dir = f"{caps}/gpu{minor}/mig/gi{gi}"
+            wanted[f"{gi_dir}/access"] = _cap_text(gi_cap_minor(minor, gi), _ACCESS_MODE)
             for ci in cis:
-                wanted[gi_dir / f"ci{ci}" / "access"] = _cap_text(ci_cap_minor(minor, gi, ci), _ACCESS_MODE)
+                wanted[f"{gi_dir}/ci{ci}/access"] = _cap_text(ci_cap_minor(minor, gi, ci), _ACCESS_MODE)
     return wanted
 
 
@@ -56,7 +60,8 @@ def write_fake_procfs(root: Path, state: MachineState, minors: list[int]) -> Non
         (m, [(gi.id, [ci.id for ci in gi.compute_instances]) for gi in g.gpu_instances])
         for g, m in zip(state.gpus, minors, strict=True)
     ]
-    caps = root / "driver" / "nvidia" / "capabilities"
+    caps_path = root / "driver" / "nvidia" / "capabilities"
+    caps = str(caps_path)
     marker = root / ".instances"  # the instances the tree shows: what exists, without walking the tree
     try:
         shown: Instances | None = [
@@ -69,16 +74,23 @@ def write_fake_procfs(root: Path, state: MachineState, minors: list[int]) -> Non
     wanted = _wanted(caps, instances)
     if shown is not None:
         existing = set(_wanted(caps, shown))
+    elif caps_path.exists():
+        existing = {str(p) for p in caps_path.rglob("access")} | {str(p) for p in (caps_path / "mig").glob("*")}
     else:
-        existing = {p for p in caps.rglob("access")} | {p for p in (caps / "mig").glob("*")} if caps.exists() else set()
-    for path in existing - set(wanted):
-        path.unlink(missing_ok=True)
-        for parent in path.parents:  # drop the now-empty gi/ci directories
-            if parent == caps or not parent.exists() or any(parent.iterdir()):
+        existing = set()
+    for path in existing - wanted.keys():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        parent = os.path.dirname(path)
+        while parent != caps and parent.startswith(caps):  # drop the now-empty gi/ci directories
+            try:
+                os.rmdir(parent)
+            except OSError:  # not empty (or gone): the directories above it stay too
                 break
-            parent.rmdir()
+            parent = os.path.dirname(parent)
     for path, text in wanted.items():
         if path not in existing:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
     marker.write_text(json.dumps(instances))
