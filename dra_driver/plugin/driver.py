@@ -9,8 +9,9 @@ instance ids are reused). A PrepareCompleted claim whose MIG device or CDI spec 
 again, never answered as prepared. Each step is a named crash point (`crashpoints`) for the kill tests.
 Device changes are serialised by an in-process lock and a node-wide file lock (`<plugin dir>/pu.lock`, 0600), so
 two plugin processes (a rolling update) exclude each other. Only what reads or changes the node's device state
-(checkpoint, MIG, sharing, CDI files) runs under it: API reads, CEL selector re-checks and config resolution
-(`_check`, a pure function of the claim, its classes and the catalog) run before it, in parallel with other prepares.
+(checkpoint, MIG, sharing, CDI files) runs under it: API reads, CEL selector re-checks, config resolution and a GPU's
+device nodes (`_check`: the claim, its classes, the catalog and /proc/devices) run before it, in parallel with other
+prepares. The checkpoint records a claim when the driver puts it, after each of its steps (`Checkpoint.put`).
 """
 
 from __future__ import annotations
