@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from dra_driver.controller import publisher as publisher_module
 from dra_driver.controller.metrics import PublisherMetrics
 from dra_driver.controller.publisher import Publisher
 from dra_driver.nvml.discovery import discover
@@ -114,6 +115,24 @@ def test_stop_interrupts_the_watch(control_plane, node_publisher) -> None:
     pub.stop()
     assert time.monotonic() - began < 10
     assert not any(t.is_alive() for t in pub._threads)
+
+
+def test_each_watch_window_resumes_where_the_last_ended(control_plane, node_publisher, monkeypatch) -> None:
+    """A watch from the current state replays every slice as ADDED: a full reconcile (a list, the slices built)
+    per window, per node. Windows resume from the last event's resourceVersion; every RESYNC_WINDOWS-th starts
+    afresh, and a change made behind the publisher's back between windows is still seen and repaired."""
+    monkeypatch.setattr(publisher_module, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(publisher_module, "RESYNC_WINDOWS", 1000)
+    pub, _ = node_publisher("pub-resume")
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-resume", 9, 1))
+    time.sleep(1.5)  # the first window (from the current state) has ended
+    syncs = pub.stats.syncs
+    time.sleep(4)  # four more windows of one second
+    assert pub.stats.syncs == syncs, "a watch window that resumed replayed the pool"
+    name = pool(control_plane, "pub-resume")[0]["metadata"]["name"]
+    control_plane.kubectl("delete", "resourceslice", name)
+    wait_for("slice restored", lambda: pool_complete(control_plane, "pub-resume", 9))
+    assert pub.stats.syncs > syncs
 
 
 def test_device_change_bumps_the_generation(control_plane, node_publisher) -> None:

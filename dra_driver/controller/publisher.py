@@ -6,7 +6,11 @@ of older generations or beyond the new count deleted. A reader that sees a partl
 finds fewer slices than resourceSliceCount and treats the pool as incomplete rather than misreading it.
 
 A watch on the pool's slices repairs edits and deletions made behind our back (the kubelet deletes a
-node's slices when it restarts); failures are retried with exponential backoff and full jitter.
+node's slices when it restarts); failures are retried with exponential backoff and full jitter. Each watch
+window resumes where the last one ended (its last event's resourceVersion): a watch from the current state
+replays every slice as ADDED, so restarting every window that way cost a full reconcile (a list and the slices
+built) per node every WATCH_SECONDS, and the API server a dump of the pool. That resync happens every
+RESYNC_WINDOWS windows instead, and after a broken or expired (410) watch.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from dra_driver.slices.model import ResourceSlice
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
+WATCH_SECONDS = 30  # the server ends each watch after this
+RESYNC_WINDOWS = 10  # every 10th window starts from the current state: a full reconcile every 5 minutes
 SliceSource = Callable[[int, str | None], list[ResourceSlice]]  # (generation, node uid) -> desired slices
 
 
@@ -171,20 +177,29 @@ class Publisher:
 
     def _watch(self) -> None:
         delay = self._backoff[0]
+        version = ""  # where the next window resumes; "" starts from the current state (every slice ADDED)
+        windows = 0
         while not self._stop.is_set():
             w: Watch | None = None
+            if windows % RESYNC_WINDOWS == 0:
+                version = ""
+            windows += 1
             try:
-                w = self._current_watch = self._rest.watch(self._path, seconds=30, fieldSelector=self._selector)
+                w = self._current_watch = self._rest.watch(
+                    self._path, resource_version=version, seconds=WATCH_SECONDS, fieldSelector=self._selector
+                )
                 if self._stop.is_set():  # stop() ran before this watch existed
                     break
-                for kind, _ in w:
+                for kind, obj in w:
                     if self._stop.is_set():
                         break
+                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
                     if kind in ("DELETED", "MODIFIED", "ADDED"):
                         self._wake.set()  # the reconcile compares content: our own writes cost one list
                 delay = self._backoff[0]
-            except Exception as e:
+            except Exception as e:  # broken, or 410 Gone (the version was compacted away): from the current state
                 log.debug("watch of pool %s ended: %s", self.node_name, e)
+                version = ""
                 self._stop.wait(random.uniform(0, delay))
                 delay = min(delay * 2, self._backoff[1])
             finally:
