@@ -169,25 +169,21 @@ class Connection:
 
     def line(self) -> bytes:
         """The next CRLF-terminated line, without it."""
-        while True:
-            end = self.buffer.find(b"\r\n")
-            if end >= 0:
-                out = bytes(self.buffer[:end])
-                del self.buffer[: end + 2]
-                return out
+        return self._until(b"\r\n", "a line")
+
+    def _until(self, end: bytes, what: str) -> bytes:
+        """The buffered bytes up to `end` (read until it comes), consumed with it."""
+        while (at := self.buffer.find(end)) < 0:
             if len(self.buffer) > MAX_HEADER_BYTES:
-                raise ProtocolError(f"a line longer than {MAX_HEADER_BYTES} bytes")
+                raise ProtocolError(f"{what} longer than {MAX_HEADER_BYTES} bytes")
             if not self.fill():
                 raise _closed()
+        out = bytes(self.buffer[:at])
+        del self.buffer[: at + len(end)]
+        return out
 
     def _head(self) -> tuple[int, str, dict[str, str]]:
-        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
-            if len(self.buffer) > MAX_HEADER_BYTES:
-                raise ProtocolError(f"response headers longer than {MAX_HEADER_BYTES} bytes")
-            if not self.fill():
-                raise _closed()
-        head = bytes(self.buffer[:end]).decode("latin-1")
-        del self.buffer[: end + 4]
+        head = self._until(b"\r\n\r\n", "response headers").decode("latin-1")
         status_line, *fields = head.split("\r\n")
         version, _, rest = status_line.partition(" ")
         code, _, reason = rest.partition(" ")
