@@ -108,24 +108,15 @@ class PluginSettings:
 
 @dataclass(frozen=True)
 class _Checked:
-    """A result of this driver that passed every check needing no device lock (`Driver._check`)."""
+    """A result of this driver that passed every check needing no device lock (`Driver._check`); `Driver._plan`
+    checks it against the other claims under the lock."""
 
     request: str
     entry: CatalogEntry
     admin_access: bool
-    config: GpuConfig | MigDeviceConfig | None
-    share_id: str | None
+    config: GpuConfig | MigDeviceConfig | None  # sharing
+    share_id: str | None  # set for devices several claims hold at once (consumable capacity)
     nodes: list[CharDevice]  # the GPU's device nodes (a MIG device's capability nodes are known once it exists)
-
-
-@dataclass(frozen=True)
-class _Planned:
-    request: str
-    entry: CatalogEntry
-    admin_access: bool
-    config: GpuConfig | MigDeviceConfig | None = None  # sharing
-    share_id: str | None = None  # set for devices several claims hold at once (consumable capacity)
-    nodes: list[CharDevice] = field(default_factory=list)
 
 
 class Driver:
@@ -413,15 +404,15 @@ class Driver:
             checked.append(_Checked(result.request, entry, admin, config, result.share_id, nodes))
         return checked
 
-    def _plan(self, checked: list[_Checked]) -> list[_Planned]:
-        """Under the device locks: the checked devices against what other claims hold now."""
+    def _plan(self, checked: list[_Checked]) -> list[_Checked]:
+        """Under the device locks: the checked devices against what other claims hold now (raises if one is in
+        the way); returns them."""
         held = [
             (uid, self.catalog[d.device])
             for uid, e in self.checkpoint.claims.items()
             for d in e.devices
             if not d.admin_access and not d.released and d.device in self.catalog
         ]
-        planned: list[_Planned] = []
         for c in checked:
             name = c.entry.name
             if self.catalog.get(name) != c.entry:  # rediscovered since it was checked: the kubelet retries
@@ -430,11 +421,10 @@ class Driver:
                 for uid, other in held:
                     if conflicts(c.entry, other):
                         raise PrepareError(f"device {name} overlaps {other.name}, which claim {uid} holds")
-            planned.append(_Planned(c.request, c.entry, c.admin_access, c.config, c.share_id, c.nodes))
-        self.sharing.validate([(p.entry.name, p.config, p.admin_access) for p in planned])
-        return planned
+        self.sharing.validate([(c.entry.name, c.config, c.admin_access) for c in checked])
+        return checked
 
-    def _mig_for(self, p: _Planned, claim_uid: str) -> LiveMig:
+    def _mig_for(self, p: _Checked, claim_uid: str) -> LiveMig:
         assert p.entry.profile is not None and p.entry.placement_start is not None
         gpu, profile = p.entry.gpu, p.entry.profile
         if p.admin_access:  # admin access shares the partition another claim carved
