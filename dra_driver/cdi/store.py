@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 from dra_driver.cdi.spec import CDI_CLASS, CdiSpec, spec_file_name, vendor
-
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+from dra_driver.files import open_new
 
 
 class CdiStore:
@@ -29,12 +28,7 @@ class CdiStore:
         tmp = final.with_name(f".{final.name}.tmp")  # neither .json nor .yaml: runtimes skip it
         data = spec.to_json()
         try:
-            try:
-                fd = os.open(tmp, _CREATE, 0o666)
-            except FileNotFoundError:  # the first spec (or the directory was removed): one mkdir, not one per write
-                self.root.mkdir(parents=True, exist_ok=True)
-                fd = os.open(tmp, _CREATE, 0o666)
-            with open(fd, "wb") as f:
+            with open(open_new(tmp, 0o666), "wb") as f:
                 f.write(data)
             os.replace(tmp, final)
         except BaseException:

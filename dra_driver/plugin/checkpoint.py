@@ -11,8 +11,8 @@ is moved aside (`checkpoint.json.previous-boot`) instead of stopping the plugin.
 cost more than the rest of a prepare on a node whose disk the workloads keep busy. For the same reason the old file
 is unlinked before the rename: ext4 writes back a file renamed over another at once (auto_da_alloc), at every
 state change; a process killed between the unlink and the rename leaves the complete temp file, which the next
-load adopts. The checksum covers
-the stored JSON as written, not a re-encoding of it. Fields this version does not know are kept and written back
+load adopts. The checksum covers the stored JSON itself (in its canonical form, every field, known to this version
+or not), not a re-encoding of the parsed model. Fields this version does not know are kept and written back
 unchanged; a file of a newer format version is refused, never rewritten in an older one. A file that fails its
 checksum or does not parse is reported and left untouched, never silently replaced.
 """
@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from dra_driver.files import open_new
 from dra_driver.nvml.mig import LiveMig
 
 log = logging.getLogger(__name__)
@@ -248,12 +249,7 @@ class Checkpoint:
         doc = b'{"version":%d,"checksum":"%s","data":%s}' % (CHECKPOINT_VERSION, checksum.encode(), data)
         tmp = self._temp()
         try:
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-            except FileNotFoundError:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-            with open(fd, "wb") as f:
+            with open(open_new(tmp, FILE_MODE), "wb") as f:
                 os.fchmod(f.fileno(), FILE_MODE)  # a leftover temp file may have had another mode
                 f.write(doc)
         except BaseException:
