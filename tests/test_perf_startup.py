@@ -50,3 +50,20 @@ def test_re2_is_loaded_by_the_first_regex_not_by_the_cel_environment() -> None:
     assert _imported_after("from dra_driver.plugin import selectors\nselectors.warm_up()", ["re2"]) == []
     first = "from dra_driver.cel.program import compile_selector as c\nc('device.driver.matches(\"^a\")')"
     assert _imported_after(first, ["re2"]) == ["re2"]
+
+
+def test_the_first_selector_compile_after_warm_up_builds_no_cel_environment() -> None:
+    """The environment (every declaration of Kubernetes' DRA CEL library) took tens of milliseconds of the first
+    prepare; the daemon builds it in `warm_up`, once it serves."""
+    code = (
+        "from dra_driver.plugin import selectors\n"
+        "selectors.warm_up()\n"
+        "from dra_driver.cel import program\n"
+        "built = []\n"
+        "real = program.dra_env\n"
+        "program.dra_env = lambda *a: built.append(a) or real(*a)\n"
+        "program.compile_selector('device.driver == \"gpu.nvidia.com\"')\n"
+        "print(len(built))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["0"]

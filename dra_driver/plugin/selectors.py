@@ -20,8 +20,13 @@ CEL_MODULES = ("dra_driver.cel.program", "dra_driver.cel.device", "dra_driver.ce
 
 
 def warm_up() -> None:
+    """Load CEL and build its checking environment, which the first selector compile would otherwise build inside
+    the first prepare (tens of milliseconds)."""
     for name in CEL_MODULES:
         importlib.import_module(name)
+    from dra_driver.cel.program import build_environment
+
+    build_environment()
 
 
 @dataclass(frozen=True)
