@@ -1,6 +1,10 @@
 """Prepare and unprepare latency through the real kubelet sockets, ours vs the Go reference plugin (tools/refplugin on
 k8s.io/dynamic-resource-allocation/kubeletplugin), against one control plane and with the same kubelet client
-(dra_driver.plugin.grpc.kubelet), runs interleaved (ours first on even rounds, Go first on odd ones).
+(dra_driver.plugin.grpc.kubelet), runs interleaved (each side first, second and last in turn).
+
+A third side, the Python floor (bench/floor_plugin.py), is our gRPC servers and API client around the Go plugin's
+minimal prepare (read the claim, write a small CDI spec): what Python, grpcio and our client cost before our driver
+does anything, so that each of our figures can be read against both.
 
 Ours: `python -m dra_driver plugin --sim dgx-h100 --mode partitionable` as a real process. Go: refplugin with the
 helper's defaults (gRPC calls serialized, as in the example driver) and client-go's rate limiter off (ours has none).
@@ -92,7 +96,28 @@ class Ours:
         self.proc = None
 
 
+class Floor(Ours):
+    """bench/floor_plugin.py: our gRPC servers and API client around the Go plugin's minimal prepare."""
+
+    name = "floor"
+
+    def __init__(self, root: Path, kubeconfig: Path, node: str) -> None:
+        self.root = root
+        self.registry_dir = short_registry_dir("floor")
+        self.args = [sys.executable, str(ROOT / "bench" / "floor_plugin.py"), "--node-name", node,
+                     "--kubeconfig", str(kubeconfig), "--plugin-dir", str(root / "plugin"),
+                     "--registry-dir", str(self.registry_dir), "--cdi-root", str(root / "cdi")]  # fmt: skip
+        self.proc = None
+
+
 Plugin = Ours | RefPlugin
+SIDES = ("ours", "floor", "go")
+
+
+def order(n: int) -> tuple[str, ...]:
+    """The sides in the order of round (or start) `n`: each goes first, second and last in turn."""
+    k = n % len(SIDES)
+    return SIDES[k:] + SIDES[:k]
 
 
 def pool_complete(api: Any, node: str) -> bool:
@@ -189,7 +214,7 @@ def measure_starts(
 ) -> None:
     """Start each side `starts` times (interleaved, the pool deleted first); the last ones keep running."""
     for n in range(starts):
-        for side in ("ours", "go") if n % 2 == 0 else ("go", "ours"):
+        for side in order(n):
             if side in running:
                 old, old_kubelet = running.pop(side)
                 old_kubelet.close()
@@ -211,15 +236,15 @@ def measure_calls(
 ) -> None:
     seq = 0
     for r in range(rounds):
-        order = ("ours", "go") if r % 2 == 0 else ("go", "ours")
+        sides = order(r)
         for kind in ("gpu", "mig"):
             for callers in (1, GPUS if kind == "gpu" else 16):
                 claims = {}
-                for side in order:
+                for side in sides:
                     seq += 1
                     devices = devices_for(kind, max(callers, GPUS))
                     claims[side] = allocated_claims(api, nodes[side], devices, f"b{seq}")
-                for side in order:
+                for side in sides:
                     kubelet = running[side][1]
 
                     def prep(c: ClaimRef, k: KubeletHarness = kubelet) -> str:
@@ -230,7 +255,7 @@ def measure_calls(
 
                     add((side, f"prepare {kind} {callers}"), timed_calls(prep, claims[side], callers > 1))
                     add((side, f"unprepare {kind} {callers}"), timed_calls(unprep, claims[side], callers > 1))
-                for side in order:
+                for side in sides:
                     delete_claims(api, claims[side])
 
 
@@ -260,7 +285,7 @@ def main() -> None:
         cp.kubectl("apply", "-f", "-", input='{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", '
                    '"metadata": {"name": "bench.dra-driver.dev"}, "spec": {"selectors": [{"cel": {"expression": '
                    f'"device.driver == \'{DRIVER}\'"}}}}]}}}}')  # fmt: skip
-        nodes = {"ours": "bench-ours", "go": "bench-go"}
+        nodes = {side: f"bench-{side}" for side in SIDES}
         for node in nodes.values():
             cp.create_node(node)
 
@@ -268,6 +293,8 @@ def main() -> None:
             root = Path(tmp) / f"{side}-{n}"
             if side == "ours":
                 return Ours(root, cp.kubeconfig, nodes[side], sim_state=Path(gpus) / f"{side}-{n}")
+            if side == "floor":
+                return Floor(root, cp.kubeconfig, nodes[side])
             return RefPlugin(binary, root, cp.kubeconfig, nodes[side], "--kube-api-qps=-1")
 
         running: dict[str, tuple[Plugin, KubeletHarness]] = {}
@@ -289,14 +316,17 @@ def main() -> None:
                 plugin.stop()
 
     def row(label: str, key: str, scale: float, unit: str, stat: Callable[[list[float]], float]) -> None:
-        ours, go = stat(samples.get(("ours", key), [])), stat(samples.get(("go", key), []))
-        print(f"| {label} | {ours * scale:.1f} {unit} | {go * scale:.1f} {unit} | {ratio(ours, go)} |")
+        ours, floor, go = (stat(samples.get((side, key), [])) for side in SIDES)
+        print(
+            f"| {label} | {ours * scale:.1f} {unit} | {floor * scale:.1f} {unit} | {go * scale:.1f} {unit} | "
+            f"{ratio(ours, go)} | {ratio(floor, go)} |"
+        )
 
     print(f"rounds {rounds}, starts {starts}; samples per latency row (each side): "
           f"{len(samples.get(('ours', 'prepare gpu 1'), []))} at 1 caller, "
           f"{len(samples.get(('ours', 'prepare mig 16'), []))} at 16")  # fmt: skip
-    print("| figure | ours | Go reference plugin | ratio |")
-    print("|---|---|---|---|")
+    print("| figure | ours | Python floor | Go reference plugin | ours / Go | floor / Go |")
+    print("|---|---|---|---|---|---|")
     for kind, label in (("gpu", "whole GPU"), ("mig", "MIG 1g")):
         for callers in (1, GPUS if kind == "gpu" else 16):
             for op in ("prepare", "unprepare"):
