@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,39 @@ def running(plugin: RefPlugin) -> Iterator[RefPlugin]:
         plugin.stop()
 
 
+def check_minimal_plugin(
+    kubelet: KubeletHarness,
+    api: Any,
+    node: str,
+    claim: ClaimRef,
+    plugin_dir: Path,
+    cdi_root: Path,
+    devices: int,
+    refuses_replaced: Callable[[ClaimRef], None],
+) -> None:
+    """What bench_prepare.py's two minimal plugins (Go's, and the Python floor) must do: register, prepare `claim`
+    (allocated gpu-3: one CDI spec file, its CDI id answered), refuse a replaced claim (`refuses_replaced` asserts
+    how), unprepare (the file is gone), and publish `devices` devices."""
+    info = kubelet.register(timeout=30)
+    assert info.name == DRIVER and info.endpoint == str(plugin_dir / "dra.sock")
+    prepared = kubelet.prepare([claim])[claim.uid]
+    assert prepared.error == ""
+    cdi_id = f"k8s.{DRIVER}/claim={claim.uid}-gpu-3"
+    assert [(d.device, d.pool, d.cdi_device_ids) for d in prepared.devices] == [("gpu-3", node, [cdi_id])]
+    spec_file = cdi_root / f"k8s.{DRIVER}-claim_{claim.uid}.json"
+    spec = json.loads(spec_file.read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{claim.uid}-gpu-3"]
+
+    refuses_replaced(ClaimRef(namespace=claim.namespace, name=claim.name, uid=str(uuid.uuid4())))
+
+    assert kubelet.unprepare([claim]) == {claim.uid: ""}
+    assert not spec_file.exists()
+    deadline = time.monotonic() + 15
+    while published_devices(api, node) != devices and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert published_devices(api, node) == devices
+
+
 def test_refplugin_registers_prepares_and_unprepares(control_plane: ControlPlane, tmp_path: Path) -> None:
     binary = build_refplugin()
     node = "refplugin-node"
@@ -140,29 +173,14 @@ def test_refplugin_registers_prepares_and_unprepares(control_plane: ControlPlane
     api = api_client(control_plane.kubeconfig)
     claims = allocated_claims(api, node, [["gpu-3"]], "refplugin-test")
     plugin = RefPlugin(binary, tmp_path, control_plane.kubeconfig, node, "--devices=4")
+
+    def refuses(replaced: ClaimRef) -> None:
+        with pytest.raises(grpc.RpcError, match="got replaced"):  # the helper fails the whole call
+            kubelet.prepare([replaced])
+
     try:
         with running(plugin), KubeletHarness(plugin.registry_dir, DRIVER) as kubelet:
-            info = kubelet.register(timeout=20)
-            assert info.name == DRIVER and info.endpoint == str(plugin.plugin_dir / "dra.sock")
-            (claim,) = claims
-            prepared = kubelet.prepare([claim])[claim.uid]
-            assert prepared.error == ""
-            cdi_id = f"k8s.{DRIVER}/claim={claim.uid}-gpu-3"
-            assert [(d.device, d.pool, d.cdi_device_ids) for d in prepared.devices] == [("gpu-3", node, [cdi_id])]
-            spec_file = plugin.cdi_root / f"k8s.{DRIVER}-claim_{claim.uid}.json"
-            spec = json.loads(spec_file.read_text())
-            assert [d["name"] for d in spec["devices"]] == [f"{claim.uid}-gpu-3"]
-
-            replaced = ClaimRef(namespace=claim.namespace, name=claim.name, uid=str(uuid.uuid4()))
-            with pytest.raises(grpc.RpcError, match="got replaced"):  # the helper fails the whole call
-                kubelet.prepare([replaced])
-
-            assert kubelet.unprepare([claim]) == {claim.uid: ""}
-            assert not spec_file.exists()
-            deadline = time.monotonic() + 15
-            while published_devices(api, node) != 4 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert published_devices(api, node) == 4
+            check_minimal_plugin(kubelet, api, node, claims[0], plugin.plugin_dir, plugin.cdi_root, 4, refuses)
     finally:
         delete_claims(api, claims)
         control_plane.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}", check=False)
