@@ -8,41 +8,54 @@ every spec no prepared claim owns, and /var/run/cdi is a tmpfs anyway)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from dra_driver.cdi.spec import CDI_CLASS, CdiSpec, spec_file_name, vendor
-from dra_driver.files import open_new
+from dra_driver.files import open_new, write_all
 
 
 class CdiStore:
     def __init__(self, root: Path, driver: str) -> None:
         self.root = root
         self.driver = driver
+        self._root = os.fspath(root)
+
+    def _path(self, claim_uid: str) -> str:
+        return os.path.join(self._root, spec_file_name(self.driver, claim_uid))
 
     def path(self, claim_uid: str) -> Path:
-        return self.root / spec_file_name(self.driver, claim_uid)
+        return Path(self._path(claim_uid))
+
+    def exists(self, claim_uid: str) -> bool:
+        return os.path.exists(self._path(claim_uid))
 
     def write(self, claim_uid: str, spec: CdiSpec) -> Path:
-        final = self.path(claim_uid)
-        tmp = final.with_name(f".{final.name}.tmp")  # neither .json nor .yaml: runtimes skip it
+        name = spec_file_name(self.driver, claim_uid)
+        final = os.path.join(self._root, name)
+        tmp = os.path.join(self._root, f".{name}.tmp")  # neither .json nor .yaml: runtimes skip it
         data = spec.to_json()
         try:
-            with open(open_new(tmp, 0o666), "wb") as f:
-                f.write(data)
+            fd = open_new(tmp, 0o666)
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
             os.replace(tmp, final)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
-        return final
+        return Path(final)
 
     def remove(self, claim_uid: str) -> bool:
-        path = self.path(claim_uid)
+        path = self._path(claim_uid)
         # Look first: unlink fails with EROFS on a read-only root even when there is nothing to remove.
         if not os.path.lexists(path):
             return False
         try:
-            path.unlink()
+            os.unlink(path)
         except FileNotFoundError:
             return False
         return True

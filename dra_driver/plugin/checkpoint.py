@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dra_driver.files import open_new
+from dra_driver.files import open_new, write_all
 from dra_driver.nvml.mig import LiveMig
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def current_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str
 _UNSAVED: tuple[int, ...] = (-1,)
 
 
-def _identity(path: Path) -> tuple[int, ...] | None:
+def _identity(path: str | Path) -> tuple[int, ...] | None:
     """What changes whenever the file is replaced or written (every save replaces it: a new inode)."""
     try:
         st = os.stat(path)
@@ -146,20 +146,26 @@ class Checkpoint:
         self.path = path
         self.boot_id = boot_id
         self._seen: tuple[int, ...] | None = None
-        # claim uid -> (its entry, its canonical JSON) as last encoded: a write re-encodes only the claim that was
-        # put (see `put`), not all of them
+        # claim uid -> (its entry, its member of the "claims" object: canonical key and value) as last encoded: a
+        # write re-encodes only the claim that was put (see `put`), not all of them
         self._encoded: dict[str, tuple[ClaimEntry, bytes]] = {}
+        # the data's other members, encoded: (the data object they were encoded from, their bytes); `save` and a
+        # reload (a new object) encode them again
+        self._others: tuple[CheckpointData, dict[str, bytes]] | None = None
+        # as strings: pathlib's joins were a fifth of a write's CPU, at every state change under the node lock
+        self._path = os.fspath(path)
+        self._tmp = os.fspath(path.with_name(f".{path.name}.tmp"))
         self.data = self._load()
 
     def refresh(self) -> None:
         """Read the file again if another process (the other pod of a rolling update) replaced it since this one
         last read or wrote it; parsing and checking it on every prepare would cost more than the prepare."""
-        seen = _identity(self.path)
+        seen = _identity(self._path)
         if seen is None or seen != self._seen:
             self.data = self._load()
 
     def _temp(self) -> Path:
-        return self.path.with_name(f".{self.path.name}.tmp")
+        return Path(self._tmp)
 
     def _adopt_temp(self) -> None:
         """No file but a temp file: a save was killed after its write. Complete it if the temp file is whole; if
@@ -218,27 +224,32 @@ class Checkpoint:
             return CheckpointData(boot_id=self.boot_id)
         return parsed
 
-    def _claim_json(self, uid: str, entry: ClaimEntry) -> bytes:
+    def _claim_member(self, uid: str, entry: ClaimEntry) -> bytes:
         cached = self._encoded.get(uid)
         if cached is not None and cached[0] is entry:
             return cached[1]
-        encoded = _canonical(entry.model_dump(mode="json"))
-        self._encoded[uid] = (entry, encoded)
-        return encoded
+        member = _canonical(uid) + b":" + _canonical(entry.model_dump(mode="json"))
+        self._encoded[uid] = (entry, member)
+        return member
 
     def _data_json(self) -> bytes:
         """`_canonical` of the data, each claim as it was last put (or saved): with 8 claims prepared, encoding
         (or only comparing) them all at every write was a large part of its CPU, under the node lock."""
-        claims = {uid: self._claim_json(uid, entry) for uid, entry in self.data.claims.items()}
+        claims = self.data.claims
         for gone in self._encoded.keys() - claims.keys():
             del self._encoded[gone]
-        members = {k: _canonical(v) for k, v in self.data.model_dump(mode="json", exclude={"claims"}).items()}
-        members["claims"] = _canonical_object(claims)
+        if self._others is None or self._others[0] is not self.data:
+            dumped = self.data.model_dump(mode="json", exclude={"claims"})
+            self._others = (self.data, {k: _canonical(v) for k, v in dumped.items()})
+        members = dict(self._others[1])
+        # sorted by uid, compact: the bytes `_canonical` gives for the claims object
+        members["claims"] = b"{" + b",".join(self._claim_member(uid, claims[uid]) for uid in sorted(claims)) + b"}"
         return _canonical_object(members)
 
     def save(self) -> None:
         """Write every claim as it is now (after changes to several claims, or to the data itself)."""
         self._encoded.clear()
+        self._others = None
         self._write()
 
     def _write(self) -> None:
@@ -247,23 +258,27 @@ class Checkpoint:
         data = self._data_json()
         checksum = hashlib.sha256(data).hexdigest()
         doc = b'{"version":%d,"checksum":"%s","data":%s}' % (CHECKPOINT_VERSION, checksum.encode(), data)
-        tmp = self._temp()
+        tmp = self._tmp
         try:
-            with open(open_new(tmp, FILE_MODE), "wb") as f:
-                os.fchmod(f.fileno(), FILE_MODE)  # a leftover temp file may have had another mode
-                f.write(doc)
+            fd = open_new(tmp, FILE_MODE)
+            try:
+                os.fchmod(fd, FILE_MODE)  # a leftover temp file may have had another mode
+                write_all(fd, doc)
+            finally:
+                os.close(fd)
         except BaseException:
             self._seen = _UNSAVED  # what is in memory is not on disk: the next refresh reads the disk again
-            tmp.unlink(missing_ok=True)  # a full disk must not leave the partial file behind
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a full disk must not leave the partial file behind
             raise
         try:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)  # see the module's docstring; from here on the temp file is the checkpoint
-            os.replace(tmp, self.path)
+                os.unlink(self._path)  # see the module's docstring; from here on the temp file is the checkpoint
+            os.replace(tmp, self._path)
         except BaseException:
             self._seen = _UNSAVED  # the next load finds the file or adopts the temp file
             raise
-        self._seen = _identity(self.path)
+        self._seen = _identity(self._path)
 
     @property
     def claims(self) -> dict[str, ClaimEntry]:

@@ -448,7 +448,7 @@ class Driver:
         for d in entry.devices:
             if d.mig is not None and not d.released and find_mig_device(self.lib, d.mig) is None:
                 return f"its MIG device {d.device} ({d.mig.uuid}) no longer exists"
-        if not self.cdi.path(entry.uid).exists():
+        if not self.cdi.exists(entry.uid):
             return f"its CDI spec {self.cdi.path(entry.uid)} no longer exists"
         return None
 
