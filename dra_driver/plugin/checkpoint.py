@@ -87,9 +87,14 @@ def _canonical(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _member(key: str, value: bytes) -> bytes:
+    """One member of a `_canonical` object, its value encoded already."""
+    return _canonical(key) + b":" + value
+
+
 def _canonical_object(members: dict[str, bytes]) -> bytes:
-    """`_canonical` of an object whose members' values are encoded already (sort_keys, compact: the same bytes)."""
-    return b"{" + b",".join(_canonical(k) + b":" + members[k] for k in sorted(members)) + b"}"
+    """`_canonical` of an object from its members (`_member`) by key: sorted by key, compact, the same bytes."""
+    return b"{" + b",".join(members[k] for k in sorted(members)) + b"}"
 
 
 def _decode(path: Path, raw: bytes) -> Any:
@@ -149,8 +154,8 @@ class Checkpoint:
         # claim uid -> (its entry, its member of the "claims" object: canonical key and value) as last encoded: a
         # write re-encodes only the claim that was put (see `put`), not all of them
         self._encoded: dict[str, tuple[ClaimEntry, bytes]] = {}
-        # the data's other members, encoded: (the data object they were encoded from, their bytes); `save` and a
-        # reload (a new object) encode them again
+        # the data's other members, encoded (`_member`): (the data object they were encoded from, their bytes);
+        # `save` and a reload (a new object) encode them again
         self._others: tuple[CheckpointData, dict[str, bytes]] | None = None
         # as strings: pathlib's joins were a fifth of a write's CPU, at every state change under the node lock
         self._path = os.fspath(path)
@@ -228,7 +233,7 @@ class Checkpoint:
         cached = self._encoded.get(uid)
         if cached is not None and cached[0] is entry:
             return cached[1]
-        member = _canonical(uid) + b":" + _canonical(entry.model_dump(mode="json"))
+        member = _member(uid, _canonical(entry.model_dump(mode="json")))
         self._encoded[uid] = (entry, member)
         return member
 
@@ -240,11 +245,9 @@ class Checkpoint:
             del self._encoded[gone]
         if self._others is None or self._others[0] is not self.data:
             dumped = self.data.model_dump(mode="json", exclude={"claims"})
-            self._others = (self.data, {k: _canonical(v) for k, v in dumped.items()})
-        members = dict(self._others[1])
-        # sorted by uid, compact: the bytes `_canonical` gives for the claims object
-        members["claims"] = b"{" + b",".join(self._claim_member(uid, claims[uid]) for uid in sorted(claims)) + b"}"
-        return _canonical_object(members)
+            self._others = (self.data, {k: _member(k, _canonical(v)) for k, v in dumped.items()})
+        encoded_claims = _canonical_object({uid: self._claim_member(uid, entry) for uid, entry in claims.items()})
+        return _canonical_object({**self._others[1], "claims": _member("claims", encoded_claims)})
 
     def save(self) -> None:
         """Write every claim as it is now (after changes to several claims, or to the data itself)."""
