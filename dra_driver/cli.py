@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dra_driver import jsonlog
 from dra_driver.allocation.cli import add_subcommand as add_simulate_subcommand
 from dra_driver.cel.cli import add_subcommand as add_cel_subcommand
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
@@ -429,11 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * args.verbose,
-        stream=sys.stderr,
-        format='{"level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-    )
+    jsonlog.configure(logging.WARNING - 10 * args.verbose)
     try:
         return int(args.func(args))
     except (DiscoveryError, SliceLimitError, KeyError, ValueError) as e:  # FeatureGateError is a ValueError

@@ -121,3 +121,29 @@ def test_plugin_metrics_address_defaults_to_loopback(tmp_path: Path, monkeypatch
     assert main([*common, "--metrics-port", "9400"]) == 0
     assert main([*common, "--metrics-port", "9400", "--metrics-address", "10.1.2.3"]) == 0
     assert seen == [(9400, "127.0.0.1"), (9400, "10.1.2.3")]
+
+
+def test_log_lines_are_json_whatever_the_message_holds(tmp_path: Path) -> None:
+    # a quote and a backslash in the state path reach the INFO line "discovering through ..."
+    state = tmp_path / 'a "quoted" \\ path'
+    out = _run("-v", "inventory", "--sim", "dgx-h100", "-o", "table", tmp_path=state)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stderr.splitlines()]
+    assert [(line["level"], line["logger"]) for line in lines] == [("INFO", "dra_driver.cli")]
+    assert str(state) in lines[0]["msg"] and lines[0]["time"].endswith("Z")
+
+
+def test_a_logged_traceback_stays_inside_its_json_line() -> None:
+    import logging
+
+    from dra_driver.jsonlog import JsonFormatter
+
+    try:
+        raise ValueError('bad "value"\nsecond line')
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed: %s", ("it",), sys.exc_info())
+    text = JsonFormatter().format(record)
+    assert "\n" not in text
+    line = json.loads(text)
+    assert line["msg"] == "failed: it" and line["level"] == "ERROR"
+    assert line["error"].startswith("Traceback") and 'ValueError: bad "value"\nsecond line' in line["error"]

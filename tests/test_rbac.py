@@ -4,6 +4,7 @@ of its own node's claims, and nothing more."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver.controller.publisher import Publisher
 from dra_driver.kube import ApiError
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
+from tests.polling import wait_until
 from tests.test_publisher import Desired
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,3 +264,26 @@ def test_claim_status_policy_confines_status_writes_without_granular_authorizati
     finally:
         for c in (own, other):
             cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+
+
+def test_service_account_keeps_the_deviceclass_cache_in_sync(control_plane, caplog) -> None:
+    """The daemon lists and watches DeviceClasses (plugin/class_cache.py): without both verbs the cache never
+    syncs, logs a warning every few seconds and every prepare reads its classes with a GET."""
+    from dra_driver.plugin.class_cache import DeviceClassCache, KubeClassWatch
+
+    cp = control_plane
+    cp.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
+    cp.create_node("rbac-classes")
+    api = _token_client(cp, _bound_token(cp, "daemon-classes", "rbac-classes"))
+    cache = DeviceClassCache(KubeClassWatch(api, watch_seconds=5), retry_s=0.2)
+    name = "rbac-cache.example.com"
+    cache.start()
+    try:
+        wait_until("the cache synced", lambda: cache.synced, timeout=20)
+        cp.kubectl("apply", "-f", "-", input=json.dumps(
+            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}}))  # fmt: skip
+        wait_until("the new class seen through the watch", lambda: cache.get(name) is not None, timeout=20)
+    finally:
+        cache.stop()
+        cp.kubectl("delete", "deviceclass", name, "--ignore-not-found")
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

@@ -21,6 +21,7 @@ import pytest
 
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.cluster.driver import DRIVER_NAME as D
+from tests.cluster.logs import KUBELET_OWN_CANCEL
 from tests.cluster.node import Node
 from tests.polling import wait_until
 from tests.test_real_pods import GPU, NS, Cluster, deployed, pod, req, template
@@ -168,20 +169,12 @@ STREAM_ERRORS = ("Error receiving from WatchResources stream", "NodeWatchResourc
 KLOG_ERROR = re.compile(r"^E\d{4} ")
 
 
-# The kubelet cancelling its own stream (its shutdown in a restart, or a new registration of the plugin):
-# manager.go means to treat that as a normal end (`errors.Is(err, context.Canceled)`), but the gRPC status error does
-# not wrap context.Canceled, so it logs it at level E, depending on whether the old kubelet gets to log before it
-# exits. "context canceled" is grpc-go's description of the client's own context: a stream our server ended reads
-# otherwise (Unavailable, or our status message).
-OWN_CANCEL = 'err="rpc error: code = Canceled desc = context canceled"'
-
-
 def plugin_errors(lines: list[str]) -> list[str]:
     """The kubelet's errors about our plugin or its health stream: level E or an `err=` naming the driver or the
     health service, or one of the stream's failure messages; not the kubelet cancelling its own stream."""
     ours = [line for line in lines if any(n in line for n in (D, "DRAResourceHealth", "WatchResources"))]
     errors = [x for x in ours if KLOG_ERROR.match(x) or " err=" in x or any(e in x for e in STREAM_ERRORS)]
-    return [line for line in errors if not (STREAM_ERRORS[0] in line and OWN_CANCEL in line)]
+    return [line for line in errors if not KUBELET_OWN_CANCEL.search(line)]
 
 
 def kubelet_log(node: Node) -> list[str]:

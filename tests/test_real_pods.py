@@ -188,7 +188,8 @@ class Cluster:
 
 @contextlib.contextmanager
 def deployed(node: Node, values: Sequence[str] = ()) -> Iterator[Cluster]:
-    """The driver installed by its chart (extra helm `values`) and the test namespace; both removed at the end."""
+    """The driver installed by its chart (extra helm `values`) and the test namespace; both removed at the end,
+    then the driver's and the kubelet's logs checked for problems (tests.cluster.logs)."""
     release = DriverRelease(node, values=values)
     release.install()
     node.cp.kubectl("create", "namespace", NS)
@@ -197,6 +198,10 @@ def deployed(node: Node, values: Sequence[str] = ()) -> Iterator[Cluster]:
     finally:
         node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
         release.uninstall()
+        release.log.stop()
+    # a healthy node logs no warning: a fault test names the lines it causes (release.log.expect)
+    problems = release.log.problems()
+    assert not problems, "the driver or the kubelet logged problems:\n" + "\n".join(problems[:50])
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, _tail, free_port
+from tests.cluster.logs import DriverLogs
 from tests.cluster.node import NODE_IP, Node
 
 CHART = REPO_ROOT / "deploy" / "helm" / "dra-driver"
@@ -83,6 +85,14 @@ class DriverRelease:
         }
         self.metrics_port = free_port()
         self.sim_state = node.work_dir / "sim-state"
+        # every container log of the release's namespace, kept from `install` on (tests.cluster.logs)
+        self.log = DriverLogs(
+            node.pod_logs_dir,
+            node.kubelet_log,
+            namespace,
+            keep=Path(tempfile.mkdtemp(prefix=f"{release}-", dir=node.work_dir)) / "kept-logs",
+            words=(DRIVER_NAME, "DRAResourceHealth", "WatchResources"),
+        )
 
     @property
     def plugin_dir(self) -> Path:
@@ -122,6 +132,7 @@ class DriverRelease:
     def install(self, *extra: str, timeout: float = 180.0, wait: bool = True) -> None:
         """Import the image (once per node), install or upgrade the release, and (with `wait`) wait until the
         DaemonSet is rolled out and the plugin registered."""
+        self.log.start()
         reference = f"{IMAGE_REPOSITORY}:{chart_version()}"
         if reference not in self.node.image_names():
             self.node.import_image(driver_image())

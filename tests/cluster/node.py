@@ -220,6 +220,11 @@ class Node:
         return self.work_dir / "cdi"
 
     @property
+    def pod_logs_dir(self) -> Path:
+        """Where the kubelet keeps container logs (`<namespace>_<pod>_<uid>/<container>/<restarts>.log`)."""
+        return self.work_dir / "pod-logs"
+
+    @property
     def kubelet_log(self) -> Path:
         return self.work_dir / "logs" / "kubelet.log"
 
@@ -608,7 +613,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "registerNode": True,
             "resolvConf": "",
             "volumePluginDir": str(self.work_dir / "volume-plugins"),
-            "podLogsDir": str(self.work_dir / "pod-logs"),
+            "podLogsDir": str(self.pod_logs_dir),
             "syncFrequency": "10s",
             "nodeStatusUpdateFrequency": "5s",
             "shutdownGracePeriod": "0s",

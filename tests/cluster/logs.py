@@ -1,0 +1,127 @@
+"""What the driver and the kubelet logged while the driver ran on the test node, for tests that require a clean log.
+
+The kubelet deletes a pod's log directory with the pod (a driver pod replaced in a rolling update, restarted or
+uninstalled), so `DriverLogs` hard-links each container log file of the release's namespace into a directory of its
+own as soon as it appears: the link keeps the file, and everything the container writes to it later, after the
+kubelet has unlinked its name. The kubelet's own log is one file for the node's life: the lines after the offset at
+the start are this release's.
+
+A problem is a driver line at level WARNING or above, a line that is not one of its JSON lines (a bare traceback, a
+library writing to stderr), or a kubelet line at level W or E that names the driver or its health stream. A line
+that a fault test causes on purpose is expected by a regex (`expect`), named in that test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+# Fields of a line the container runtime writes (CRI log format): time, stream, P(artial)/F(ull), the text.
+_CRI_LINE = re.compile(r"^\S+ (stdout|stderr) [PF] (.*)$")
+_KLOG_PROBLEM = re.compile(r"^[WE]\d{4} ")
+_PROBLEM_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
+# The kubelet cancelling its own health stream (its shutdown, or a new registration of the plugin):
+# kubelet/cm/dra/manager.go means to treat that as a normal end (`errors.Is(err, context.Canceled)`), but the gRPC
+# status error does not wrap context.Canceled, so it logs it at level E. "context canceled" is grpc-go's description
+# of the client's own context: a stream our server ended reads otherwise (Unavailable, or our status message).
+KUBELET_OWN_CANCEL = re.compile(
+    r'Error receiving from WatchResources stream.*err="rpc error: code = Canceled desc = context canceled"'
+)
+
+
+class DriverLogs:
+    """The container logs of `namespace`'s pods on the node whose kubelet writes pod logs to `pod_logs` and its own
+    log to `kubelet_log`, from `start` on; `words` pick the kubelet's lines about the driver."""
+
+    def __init__(
+        self, pod_logs: Path, kubelet_log: Path, namespace: str, keep: Path, words: Iterable[str], interval: float = 0.2
+    ) -> None:
+        self._pod_logs, self._kubelet_log, self._keep = pod_logs, kubelet_log, keep
+        self._prefix = f"{namespace}_"
+        self._words = tuple(words)
+        self._interval = interval
+        self._kubelet_offset = 0
+        self._expected: list[re.Pattern[str]] = [KUBELET_OWN_CANCEL]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._keep.mkdir(parents=True, exist_ok=True)
+        try:
+            self._kubelet_offset = self._kubelet_log.stat().st_size
+        except FileNotFoundError:
+            self._kubelet_offset = 0
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="driver-logs", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop keeping new files (after one last look)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._link_new()
+
+    def expect(self, *patterns: str) -> None:
+        """Lines a test causes on purpose: a problem line matching one of these regexes is not reported."""
+        self._expected += [re.compile(p) for p in patterns]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._link_new()
+
+    def _link_new(self) -> None:
+        try:
+            pods = [d for d in os.scandir(self._pod_logs) if d.name.startswith(self._prefix)]
+        except FileNotFoundError:
+            return
+        for pod in pods:
+            for path in Path(pod.path).glob("*/*.log*"):
+                kept = self._keep / path.relative_to(self._pod_logs)
+                if kept.exists():
+                    continue
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(path, kept)
+                except (FileNotFoundError, FileExistsError):  # deleted (or rotated) between the glob and the link
+                    continue
+
+    def driver_lines(self) -> list[str]:
+        """Every line the driver's containers wrote, each as `<pod dir>/<container>: <text>`."""
+        out = []
+        for path in sorted(self._keep.glob("*/*/*.log*")):
+            where = f"{path.parent.parent.name}/{path.parent.name}"
+            for raw in path.read_text(errors="replace").splitlines():
+                m = _CRI_LINE.match(raw)
+                out.append(f"{where}: {m.group(2) if m else raw}")
+        return out
+
+    def kubelet_lines(self) -> list[str]:
+        """The kubelet's lines since `start` that name the driver."""
+        with self._kubelet_log.open("rb") as f:
+            f.seek(self._kubelet_offset)
+            text = f.read().decode(errors="replace")
+        return [line for line in text.splitlines() if any(w in line for w in self._words)]
+
+    def problems(self) -> list[str]:
+        """The lines a clean run must not have, less the expected ones."""
+        found = [line for line in self.driver_lines() if _driver_problem(line.split(": ", 1)[1])]
+        found += [f"kubelet: {line}" for line in self.kubelet_lines() if _KLOG_PROBLEM.match(line)]
+        return [line for line in found if not any(p.search(line) for p in self._expected)]
+
+
+def _driver_problem(text: str) -> bool:
+    if not text.strip():
+        return False
+    try:
+        line = json.loads(text)
+    except ValueError:
+        return True  # not one of the driver's log lines: a bare traceback, a library's own output
+    return not isinstance(line, dict) or line.get("level") in _PROBLEM_LEVELS

@@ -1,0 +1,75 @@
+"""tests.cluster.logs: the driver's container logs are kept past their pods, and a clean run is told from one with
+problems."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from tests.cluster.logs import DriverLogs
+from tests.polling import wait_until
+
+
+def cri(text: str, stream: str = "stderr") -> str:
+    return f"2026-12-04T00:00:00.000000000Z {stream} F {text}\n"
+
+
+def jline(level: str, msg: str) -> str:
+    return cri(json.dumps({"time": "t", "level": level, "logger": "dra_driver.x", "msg": msg}))
+
+
+def setup(tmp_path: Path) -> tuple[DriverLogs, Path, Path]:
+    pod_logs, kubelet = tmp_path / "pod-logs", tmp_path / "kubelet.log"
+    pod_logs.mkdir()
+    kubelet.write_text('E1204 00:00:00.0 1 x.go:1] "before the release" driver="gpu.example.com"\n')
+    logs = DriverLogs(pod_logs, kubelet, "drv", keep=tmp_path / "kept", words=["gpu.example.com"], interval=0.05)
+    return logs, pod_logs, kubelet
+
+
+def test_a_deleted_pods_log_is_kept_with_what_was_written_after(tmp_path: Path) -> None:
+    logs, pod_logs, _ = setup(tmp_path)
+    logs.start()
+    container = pod_logs / "drv_driver-abc_uid1" / "plugin"
+    container.mkdir(parents=True)
+    (pod_logs / "other_pod_uid2" / "c").mkdir(parents=True)
+    (pod_logs / "other_pod_uid2" / "c" / "0.log").write_text(jline("ERROR", "not the driver's namespace"))
+    with (container / "0.log").open("a") as writer:
+        writer.write(jline("INFO", "started"))
+        writer.flush()
+        wait_until("the log kept", lambda: logs.driver_lines(), timeout=10, interval=0.05)
+        shutil.rmtree(pod_logs / "drv_driver-abc_uid1")  # the kubelet removes a deleted pod's logs
+        writer.write(jline("WARNING", 'shutting "down"'))
+    logs.stop()
+    assert logs.driver_lines() == [
+        'drv_driver-abc_uid1/plugin: {"time": "t", "level": "INFO", "logger": "dra_driver.x", "msg": "started"}',
+        'drv_driver-abc_uid1/plugin: {"time": "t", "level": "WARNING", "logger": "dra_driver.x", '
+        '"msg": "shutting \\"down\\""}',
+    ]
+    assert len(logs.problems()) == 1 and "shutting" in logs.problems()[0]
+
+
+def test_problems_are_warnings_bare_lines_and_the_kubelets_w_and_e_lines_about_the_driver(tmp_path: Path) -> None:
+    logs, pod_logs, kubelet = setup(tmp_path)
+    logs.start()
+    container = pod_logs / "drv_driver-abc_uid1" / "plugin"
+    container.mkdir(parents=True)
+    (container / "0.log").write_text(
+        jline("INFO", "fine")
+        + jline("ERROR", "prepare failed")
+        + cri("Traceback (most recent call last):")
+        + cri("")
+        + jline("WARNING", "MIG instance busy, retrying")
+    )
+    with kubelet.open("a") as f:
+        f.write('I1204 00:00:01.0 1 x.go:1] "Registered DRA plugin" pluginName="gpu.example.com"\n')
+        f.write('W1204 00:00:02.0 1 x.go:1] "slow" pluginName="gpu.example.com"\n')
+        f.write('E1204 00:00:03.0 1 x.go:1] "another plugin" pluginName="nic.example.com"\n')
+    time.sleep(0.2)
+    logs.stop()
+    problems = logs.problems()
+    assert [p.split(": ", 1)[0] for p in problems] == ["drv_driver-abc_uid1/plugin"] * 3 + ["kubelet"]
+    assert "prepare failed" in problems[0] and "Traceback" in problems[1] and "slow" in problems[3]
+    logs.expect(r"MIG instance busy", r'"slow" pluginName')
+    assert len(logs.problems()) == 2
