@@ -22,6 +22,12 @@ def class_name(profile: str) -> str:
     return f"mig-{profile.replace('+', '-plus-')}.{DEFAULT_DRIVER_NAME}"
 
 
+def extended_resource_name(profile: str) -> str:
+    """The resource a device-plugin pod asks for (the chart's deviceClasses.extendedResources.migPrefix default):
+    a '+' is not allowed in a resource name."""
+    return f"nvidia.com/mig-{profile.replace('+', '.')}"
+
+
 def render(profile: str, products: list[str]) -> str:
     d = DEFAULT_DRIVER_NAME
     expression = (
@@ -40,11 +46,13 @@ def render(profile: str, products: list[str]) -> str:
 #         requests:
 #         - name: mig
 #           exactly: {{deviceClassName: {class_name(profile)}}}
+# Or, as written for NVIDIA's device plugin: resources.limits: {{{extended_resource_name(profile)}: 1}}
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass
 metadata:
   name: {class_name(profile)}
 spec:
+  extendedResourceName: {extended_resource_name(profile)}
   selectors:
     - cel:
         expression: "{expression}"

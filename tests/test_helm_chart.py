@@ -269,6 +269,24 @@ def test_device_classes_are_those_of_deviceclasses_dir(helm: Helm) -> None:
     assert not [o for o in _render(helm, "--set", "deviceClasses.enabled=false") if o["kind"] == "DeviceClass"]
 
 
+def test_device_plugin_resource_names_are_served_by_the_classes_and_each_can_be_switched_off(helm: Helm) -> None:
+    def names(*values: str) -> dict[str, str | None]:
+        classes = [o for o in _render(helm, *values) if o["kind"] == "DeviceClass"]
+        return {o["metadata"]["name"]: o["spec"].get("extendedResourceName") for o in classes}
+
+    default = names()
+    assert default[DEFAULT_DRIVER] == "nvidia.com/gpu"
+    assert default[f"mig-1g.10gb.{DEFAULT_DRIVER}"] == "nvidia.com/mig-1g.10gb"
+    assert default[f"mig-1g.10gb-plus-me.{DEFAULT_DRIVER}"] == "nvidia.com/mig-1g.10gb.me"  # no '+' in a name
+    assert default["gpu-timesliced.dra-driver.dev"] is None and default["mig.dra-driver.dev"] is None
+    assert len({n for n in default.values() if n}) == len([n for n in default.values() if n])  # one class each
+    no_gpu = names("--set", "deviceClasses.extendedResources.gpu=")
+    assert no_gpu[DEFAULT_DRIVER] is None and no_gpu[f"mig-1g.10gb.{DEFAULT_DRIVER}"] == "nvidia.com/mig-1g.10gb"
+    own = names("--set", "deviceClasses.extendedResources.migPrefix=example.com/partition-")
+    assert own[f"mig-3g.40gb.{DEFAULT_DRIVER}"] == "example.com/partition-3g.40gb"
+    assert {n for n in names("--set", "deviceClasses.extendedResources.migPrefix=").values() if n} == {"nvidia.com/gpu"}
+
+
 def test_the_charts_default_mode_is_the_daemons() -> None:
     """One default publish mode (dra_driver.slices.devices.DEFAULT_MODE), in the chart's values too."""
     from dra_driver.slices.devices import DEFAULT_MODE

@@ -132,7 +132,9 @@ class Cluster:
     def claims_of(self, pod_name: str) -> list[dict[str, Any]]:
         p = self.cp.kubectl_json("get", "pod", pod_name, "-n", NS)
         names = [s["resourceClaimName"] for s in p["status"].get("resourceClaimStatuses", [])]
-        names += [rc["resourceClaimName"] for rc in p["spec"]["resourceClaims"] if rc.get("resourceClaimName")]
+        names += [rc["resourceClaimName"] for rc in p["spec"].get("resourceClaims", []) if rc.get("resourceClaimName")]
+        extended = p["status"].get("extendedResourceClaimStatus")  # the scheduler's claim for extended resources
+        names += [extended["resourceClaimName"]] if extended else []
         return [self.cp.kubectl_json("get", "resourceclaim", n, "-n", NS) for n in names]
 
     def cdi_spec(self, claim_uid: str) -> dict[str, Any]:
@@ -308,6 +310,37 @@ def test_a_glibc_container_loads_libcuda_and_libnvidia_ml_by_soname(cluster: Clu
         assert mapped, loaded
         assert loaded[mapped[0]] == hashlib.sha256((libdir / soname).read_bytes()).hexdigest()
     cluster.cp.kubectl("delete", "pod", "loader", "-n", NS, "--wait=true")
+
+
+def device_plugin_pod(name: str, resource: str) -> dict[str, Any]:
+    """A pod as written for NVIDIA's device plugin: one `resource` in its limits, no claim of its own."""
+    p = pod(name, claim_name="unused")
+    del p["spec"]["resourceClaims"]
+    (container,) = p["spec"]["containers"]
+    container["resources"] = {"limits": {resource: 1}}
+    p["spec"]["tolerations"].append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    return p
+
+
+def test_pods_written_for_the_device_plugin_get_their_gpu_and_mig_partition(cluster: Cluster) -> None:
+    """`nvidia.com/gpu: 1` and `nvidia.com/mig-1g.10gb: 1` in limits: the scheduler allocates a claim of its own
+    from the chart's classes (their extendedResourceName) and the plugin prepares it as any other."""
+    cluster.apply(device_plugin_pod("dp-gpu", "nvidia.com/gpu"), device_plugin_pod("dp-mig", "nvidia.com/mig-1g.10gb"))
+    for name in ("dp-gpu", "dp-mig"):
+        cluster.wait_running(name)
+        cluster.check_sees_its_devices(name)
+        (c,) = cluster.claims_of(name)
+        assert c["metadata"]["annotations"].get("resource.kubernetes.io/extended-resource-claim") == "true", c
+        (result,) = c["status"]["allocation"]["devices"]["results"]
+        assert result["driver"] == D
+    assert cluster.attribute(cluster.expected("dp-gpu")[2][0], "type") == "gpu"
+    mig_device = cluster.expected("dp-mig")[2][0]
+    assert (cluster.attribute(mig_device, "type"), cluster.attribute(mig_device, "profile")) == ("mig", "1g.10gb")
+    assert any("nvidia-caps" in d["path"] for d in cluster.seen("dp-mig")["devices"])
+    uids = {cluster.claims_of(n)[0]["metadata"]["uid"] for n in ("dp-gpu", "dp-mig")}
+    assert uids <= set(cluster.release.checkpoint_claims())
+    cluster.cp.kubectl("delete", "pod", "dp-gpu", "dp-mig", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    wait_until("their claims unprepared", lambda: not uids & set(cluster.release.checkpoint_claims()), timeout=60)
 
 
 def test_a_claim_that_cannot_fit_stays_pending_and_simulate_explains_why(cluster: Cluster) -> None:
