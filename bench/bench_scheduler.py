@@ -7,7 +7,10 @@ whole GPUs, no counters), gpus (whole GPUs only). Workloads: whole-GPU claims on
 (1g.10gb and 3g.40gb partitions and whole GPUs) where the layout offers MIG. Each pod has one claim; all pods are
 created at once and timed until every one is bound (spec.nodeName set).
 
-Run: python bench/bench_scheduler.py [--quick] [--nodes N] [--pods-per-node K]. Prints one table.
+With --extended: whole GPUs asked for by a claim of the pod's, and by `nvidia.com/gpu: 1` in its limits as written
+for NVIDIA's device plugin (the scheduler creates the claim), side by side on the static and partitionable layouts.
+
+Run: python bench/bench_scheduler.py [--quick | --extended] [--nodes N] [--pods-per-node K]. Prints one table.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from tests.test_publisher import api_client
 NS = "default"
 SCHEDULE_TIMEOUT_S = 600.0
 WORKLOADS = {"whole GPUs": ("gpu",), "MIG mix": ("mig-1g.10gb", "gpu", "mig-3g.40gb", "mig-1g.10gb")}
+# Pods as written for NVIDIA's device plugin: the resource in limits, no claim; the scheduler makes one per pod from
+# the class whose extendedResourceName it is (deviceclasses/gpu.yaml, mig-*.yaml).
+EXTENDED = "nvidia.com/gpu in limits"
+WORKLOADS[EXTENDED] = ("gpu",)
 METRICS = {
     "attempt": ("scheduler_scheduling_attempt_duration_seconds", {"result": "scheduled"}),
     "prefilter": ("scheduler_plugin_execution_duration_seconds", {"plugin": "DynamicResources",
@@ -74,6 +81,12 @@ def create_all(api: Any, plural: str, items: list[dict[str, Any]], namespaced: b
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, items))
+
+
+def extended_resource_pod(i: int, resource: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i:05d}"},
+            "spec": {"containers": [{"name": "c", "image": "registry.invalid/x",
+                                     "resources": {"limits": {resource: "1"}}}]}}  # fmt: skip
 
 
 def claim_and_pod(i: int, cls: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -152,12 +165,16 @@ def run_layout(mode: PublishMode, workload: str, nodes: int, per_node: int, tmp:
         t = time.monotonic()
         create_all(api, "resourceslices", slices, namespaced=False)
         publish_s = time.monotonic() - t
-        pairs = [claim_and_pod(i, kinds[i % len(kinds)]) for i in range(pods)]
-        create_all(api, "resourceclaims", [c for c, _ in pairs], namespaced=True)
+        if workload == EXTENDED:
+            to_create = [extended_resource_pod(i, "nvidia.com/gpu") for i in range(pods)]
+        else:
+            pairs = [claim_and_pod(i, kinds[i % len(kinds)]) for i in range(pods)]
+            create_all(api, "resourceclaims", [c for c, _ in pairs], namespaced=True)
+            to_create = [p for _, p in pairs]
         time.sleep(2.0)  # the scheduler's informers catch up with the slices and claims before the clock starts
         before = metrics.read()
         t0 = time.monotonic()
-        create_all(api, "pods", [p for _, p in pairs], namespaced=True)
+        create_all(api, "pods", to_create, namespaced=True)
         created_s = time.monotonic() - t0
         done = 0
         while time.monotonic() - t0 < SCHEDULE_TIMEOUT_S:
@@ -182,13 +199,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 nodes, 1 pod per node, whole GPUs on two layouts")
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--pods-per-node", type=int, default=1)
+    parser.add_argument("--extended", action="store_true",
+                        help=f"whole GPUs asked for by a claim vs by {EXTENDED}, on the static and partitionable "
+                             "layouts")  # fmt: skip
     args = parser.parse_args()
     nodes, per_node = (20, 1) if args.quick else (args.nodes, args.pods_per_node)
     cases = [(PublishMode.PARTITIONABLE, "whole GPUs"), (PublishMode.GPUS, "whole GPUs")]
-    if not args.quick:
+    if args.extended:
+        cases = [(m, w) for m in (PublishMode.STATIC, PublishMode.PARTITIONABLE) for w in ("whole GPUs", EXTENDED)]
+    elif not args.quick:
         cases = [(PublishMode.PARTITIONABLE, "whole GPUs"), (PublishMode.PARTITIONABLE, "MIG mix"),
                  (PublishMode.STATIC, "whole GPUs"), (PublishMode.GPUS, "whole GPUs")]  # fmt: skip
-    print(f"{nodes} nodes (dgx-h100), {per_node} pod(s) per node, one claim per pod; kube-scheduler v1.36.3")
+    print(
+        f"{nodes} nodes (dgx-h100), {per_node} pod(s) per node, one claim per pod (made by the scheduler for "
+        f"{EXTENDED}); kube-scheduler v1.36.3"
+    )
     print("| layout | workload | devices/node | slices/node | pods bound | seconds | pods/s | attempt ms (n) "
           "| DRA PreFilter ms (n) | DRA Filter ms (n) | slices created in s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
