@@ -11,6 +11,7 @@ connects must never be dropped without a word.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import ssl
 import tempfile
@@ -57,16 +58,11 @@ class _TokenFile:
                 self._read_at = now
             return self._token
 
-    def reread(self) -> bool:
-        """Reads the file now (the server refused the token); True when the token changed."""
-        with self._lock:
-            old = self._token
-            try:
-                self._token = self.path.read_text().strip()
-            except OSError:
-                return False  # the 401 stands
+    def reread(self) -> None:
+        """Reads the file now: the server refused the token."""
+        with self._lock, contextlib.suppress(OSError):  # unreadable: the token and its 401 stand
+            self._token = self.path.read_text().strip()
             self._read_at = time.monotonic()
-            return self._token != old
 
 
 @dataclass(frozen=True)
@@ -75,8 +71,8 @@ class ClusterConfig:
     ssl_context: ssl.SSLContext | None = None  # None: plain http (tests' fake servers)
     # the Authorization header's value (read per request: tokens rotate); None: no header
     authorization: Callable[[], str | None] = field(default=lambda: None)
-    # after a 401: reads the credentials again, True when they changed (the request is worth sending again)
-    reauthorize: Callable[[], bool] = field(default=lambda: False)
+    # after a 401: reads the credentials again now (a rotated token), not at their next periodic read
+    reauthorize: Callable[[], None] = field(default=lambda: None)
     tls_server_name: str | None = None  # the name TLS asks for and checks the certificate against, if not the host
     proxy: Proxy | None = None
     headers: tuple[tuple[str, str], ...] = ()  # sent with every request: impersonation
@@ -197,7 +193,7 @@ def _load_kubeconfig(path: Path, context: str | None, env: Mapping[str, str]) ->
             key_data=data("client-key-data"),
         )
     authorization: Callable[[], str | None] = lambda: None  # noqa: E731
-    reauthorize: Callable[[], bool] = lambda: False  # noqa: E731
+    reauthorize: Callable[[], None] = lambda: None  # noqa: E731
     if user.get("token"):
         bearer = f"Bearer {user['token']}"
         authorization = lambda: bearer  # noqa: E731

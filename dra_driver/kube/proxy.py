@@ -1,7 +1,7 @@
 """Which HTTP proxy carries the connections to the API server, chosen as client-go chooses: a kubeconfig's
 proxy-url, else HTTPS_PROXY (HTTP_PROXY for an http:// server) from the environment, the upper-case name first,
-unless NO_PROXY names the server or the server is on loopback. Only http:// proxies (CONNECT tunnels) are
-supported; any other is refused rather than bypassed."""
+unless NO_PROXY names the server or the server is on loopback. Only http:// proxies are supported, through CONNECT
+tunnels (for an http:// server too: only tests' fake servers are plain HTTP); any other is refused, not bypassed."""
 
 from __future__ import annotations
 

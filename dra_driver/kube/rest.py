@@ -172,13 +172,18 @@ class KubeRest:
     def _exchange(
         self, method: str, target: str, body: bytes | None, content_type: str | None, deadline: float
     ) -> tuple[Connection, Response]:
-        """The response's status and headers read, its body not yet; a 401 is answered with the credentials read
-        again and, when they changed, the request sent once more."""
-        conn, response = self._send(method, target, body, self._headers(content_type), deadline)
-        if response.status != 401 or not self.config.reauthorize():
+        """The response's status and headers read, its body not yet; a 401 has the credentials read again and,
+        when they differ from those sent (read again by another request maybe), the request sent once more."""
+        headers = self._headers(content_type)
+        conn, response = self._send(method, target, body, headers, deadline)
+        if response.status != 401:
+            return conn, response
+        self.config.reauthorize()
+        fresh = self._headers(content_type)
+        if fresh.get("Authorization") == headers.get("Authorization"):
             return conn, response
         self._body(conn, response)  # a 401 means the server did nothing: safe to send again, even a POST
-        return self._send(method, target, body, self._headers(content_type), deadline)
+        return self._send(method, target, body, fresh, deadline)
 
     def _body(self, conn: Connection, response: Response) -> bytes:
         try:
