@@ -4,17 +4,26 @@ http.client parses every response's headers with the email package and wraps the
 per response; for a 1 KB ResourceClaim that was most of a GET's CPU in the daemon, read at every prepare. Here a
 response is read from one buffer per connection: the status line, the headers as a dict, and a body framed as RFC
 9112 section 6 says (no body for HEAD, 1xx, 204 and 304; chunked; Content-Length; else until the server closes).
-No proxies, no compression (never asked for), no 100-continue (never sent).
+An HTTP proxy is reached through a CONNECT tunnel. No compression (never asked for), no 100-continue (never sent).
+
+A request has a deadline for all of it: the name lookup, connect, tunnel, TLS handshake, sending, the response's
+head and body. Each socket operation gets the time left, never a timeout of its own, so a server that trickles its
+answer cannot stretch a request past it.
 
 Errors: a connection the server closed before a whole response came raises ConnectionResetError (the caller may
-send again where that is safe); a response that breaks the protocol raises ProtocolError; socket timeouts raise
-TimeoutError, as socket operations do.
+send again where that is safe); a response that breaks the protocol raises ProtocolError; a deadline that passes
+raises TimeoutError, as socket timeouts do.
 """
 
 from __future__ import annotations
 
 import socket
 import ssl
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dra_driver.kube.dial import open_tcp, remaining
 
 MAX_HEADER_BYTES = 256 * 1024  # the API server's own limit on request headers is 1 MiB; its responses are small
 _READ = 65536
@@ -23,6 +32,15 @@ _NO_BODY_STATUS = frozenset({204, 304})
 
 class ProtocolError(OSError):
     """The server's answer is not HTTP/1.x as this client reads it."""
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """An HTTP proxy that opens CONNECT tunnels; `headers` go with the CONNECT request (Proxy-Authorization)."""
+
+    host: str
+    port: int
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _closed() -> ConnectionResetError:
@@ -40,7 +58,8 @@ class Response:
         self._chunked = False
         self._left: int | None = 0  # bytes left in the body (chunked: in the current chunk); None: until close
         self._done = False
-        if method == "HEAD" or status < 200 or status in _NO_BODY_STATUS:
+        tunnel = method == "CONNECT" and 200 <= status < 300  # what follows is the tunnel's
+        if method == "HEAD" or status < 200 or status in _NO_BODY_STATUS or tunnel:
             self._done = True
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self._chunked = True
@@ -112,26 +131,60 @@ class Response:
 
 
 class Connection:
-    """One keep-alive connection to host:port (TLS with `context`), opened by its first request."""
+    """One keep-alive connection to host:port (TLS with `context`, through `proxy` if given), opened by its first
+    request. TLS asks for `server_name` (default: `host`) and checks the certificate against it. `timeout`: the
+    seconds a request given no deadline may take."""
 
-    def __init__(self, host: str, port: int, *, context: ssl.SSLContext | None, timeout: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        context: ssl.SSLContext | None,
+        timeout: float,
+        server_name: str | None = None,
+        proxy: Proxy | None = None,
+    ) -> None:
         self.host, self.port, self.context, self.timeout = host, port, context, timeout
+        self.server_name, self.proxy = server_name or host, proxy
+        self.deadline = 0.0  # of the current request, a time.monotonic() value
         self.sock: socket.socket | None = None
         self.buffer = bytearray()
         default = 443 if context is not None else 80
         name = f"[{host}]" if ":" in host else host
-        self._host_header = name if port == default else f"{name}:{port}"
+        self._authority = f"{name}:{port}"
+        self._host_header = name if port == default else self._authority
 
     def connect(self) -> None:
-        sock = socket.create_connection((self.host, self.port), self.timeout)
+        where = self.proxy or self
+        sock = open_tcp(where.host, where.port, self.deadline)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the request goes out in one write anyway
+            if self.proxy is not None:
+                self._tunnel(sock, self.proxy)
             if self.context is not None:
-                sock = self.context.wrap_socket(sock, server_hostname=self.host)
+                sock.settimeout(remaining(self.deadline))  # the handshake's reads share it
+                sock = self.context.wrap_socket(sock, server_hostname=self.server_name)
         except BaseException:
             sock.close()
             raise
         self.sock = sock
+
+    def _tunnel(self, sock: socket.socket, proxy: Proxy) -> None:
+        """Has the proxy on `sock` open a tunnel to host:port."""
+        tunnel = Connection(self.host, self.port, context=None, timeout=self.timeout)
+        tunnel.sock = sock
+        try:
+            tunnel.request("CONNECT", self._authority, None, {}, extra=proxy.headers, deadline=self.deadline)
+            response = tunnel.getresponse("CONNECT")
+        finally:
+            tunnel.sock = None  # the socket stays open: it is the tunnel
+        if not 200 <= response.status < 300:
+            raise OSError(
+                f"the proxy {proxy.host}:{proxy.port} refused a tunnel to {self._authority}: "
+                f"{response.status} {response.reason}"
+            )
+        if tunnel.buffer:
+            raise ProtocolError("the proxy sent data into the tunnel before the TLS handshake")
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -139,9 +192,22 @@ class Connection:
         if sock is not None:
             sock.close()
 
-    def request(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> None:
+    def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        *,
+        extra: Sequence[tuple[str, str]] = (),
+        deadline: float | None = None,
+    ) -> None:
+        """Sends a request with `headers` and `extra` (fields that may repeat, as Impersonate-Group does); it and
+        its response must be done by `deadline` (a time.monotonic() value; None: `timeout` from now)."""
+        self.deadline = time.monotonic() + self.timeout if deadline is None else deadline
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines += [f"{k}: {v}" for k, v in extra]
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}")
         if any("\n" in line or "\r" in line for line in lines):  # a header must not smuggle in another
@@ -150,7 +216,10 @@ class Connection:
         if self.sock is None:
             self.connect()
         assert self.sock is not None
-        self.sock.sendall(head.encode("latin-1") + b"\r\n\r\n" + (body or b""))
+        data = memoryview(head.encode("latin-1") + b"\r\n\r\n" + (body or b""))
+        while data:  # sendall on a TLS socket would give each of its writes the whole timeout
+            self.sock.settimeout(remaining(self.deadline))
+            data = data[self.sock.send(data) :]
 
     def getresponse(self, method: str) -> Response:
         while True:
@@ -163,6 +232,7 @@ class Connection:
         """One socket read into the buffer; False when the server has closed the connection."""
         if self.sock is None:
             return False
+        self.sock.settimeout(remaining(self.deadline))
         data = self.sock.recv(_READ)
         self.buffer += data
         return bool(data)

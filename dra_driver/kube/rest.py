@@ -1,12 +1,13 @@
 """A small Kubernetes REST client over HTTP/1.1 connections of its own (`http1`): JSON in, JSON out, every request
-with a timeout, keep-alive connections reused.
+with a deadline for all of it, keep-alive connections reused.
 
 Errors: an HTTP error status raises `ApiError` (with `status`, `reason` and `body`, as the official client's
 ApiException has them); connection errors (`ConnectionError`, `OSError`) and timeouts (`TimeoutError`, "timed out")
 pass through. A timed-out request is never retried: a retry would start the timeout over. A request that fails on a
 reused connection (the server closed it while idle) is sent once more on a new one when that is safe: an idempotent
-method, or a request that never got out. urllib3, then http.client, did the same with more CPU per request, most
-of it their own bookkeeping and header parsing, on every prepare.
+method, or a request that never got out. A 401 has the configuration re-read its credentials (a rotated token) and,
+when they changed, the request is sent once more. urllib3, then http.client, did the same with more CPU per request,
+most of it their own bookkeeping and header parsing, on every prepare.
 """
 
 from __future__ import annotations
@@ -15,19 +16,20 @@ import contextlib
 import json
 import select
 import socket
-import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from dra_driver.kube.config import ClusterConfig, UnsupportedKubeconfig, from_api_client, in_cluster, load_kubeconfig
+from dra_driver.kube.dial import remaining
 from dra_driver.kube.http1 import Connection, Response
 
 DEFAULT_TIMEOUT_S = 10.0
 POOL_SIZE = 16  # idle connections kept: prepares of different claims read in parallel
+WATCH_SLACK_S = 30.0  # how long after its timeoutSeconds a watch may last: the server ends it, or the link is dead
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
@@ -53,28 +55,31 @@ class _Connections:
     """Keep-alive connections to one server: at most `size` idle ones kept, the latest reused first, and one the
     server closed while it was idle (its idle timeout, a restart) dropped before use."""
 
-    def __init__(self, server: str, ssl_context: ssl.SSLContext | None, size: int) -> None:
-        url = urlsplit(server)
-        self._https = url.scheme == "https"
+    def __init__(self, config: ClusterConfig, timeout: float, size: int) -> None:
+        url = urlsplit(config.server)
+        https = url.scheme == "https"
         self._host = url.hostname or "localhost"
-        self._port = url.port or (443 if self._https else 80)
-        self._context = ssl_context if self._https else None
+        self._port = url.port or (443 if https else 80)
+        self._context = config.ssl_context if https else None
+        self._server_name = config.tls_server_name
+        self._proxy = config.proxy
+        self._timeout = timeout
         self._size = size
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
 
-    def new(self, timeout: float) -> Connection:
-        return Connection(self._host, self._port, context=self._context, timeout=timeout)
+    def new(self) -> Connection:
+        return Connection(self._host, self._port, context=self._context, timeout=self._timeout,
+                          server_name=self._server_name, proxy=self._proxy)  # fmt: skip
 
-    def take(self, timeout: float) -> tuple[Connection, bool]:
-        """A connection (True: a reused one) whose next socket operations time out after `timeout`."""
+    def take(self) -> tuple[Connection, bool]:
+        """A connection (True: a reused one)."""
         while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                return self.new(timeout), False
+                return self.new(), False
             if conn.sock is not None and not conn.buffer and not _closed_by_peer(conn.sock):
-                conn.sock.settimeout(timeout)
                 return conn, True
             conn.close()
 
@@ -86,13 +91,6 @@ class _Connections:
                     self._idle.append(conn)
                     return
         conn.close()
-
-
-def _remaining(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("timed out")
-    return left
 
 
 def path_of(group: str, version: str, plural: str, name: str = "", namespace: str = "", sub: str = "") -> str:
@@ -158,8 +156,9 @@ class KubeRest:
     def __init__(self, config: ClusterConfig, *, timeout: float = DEFAULT_TIMEOUT_S, pool_size: int = POOL_SIZE):
         self.config = config
         self.timeout = timeout
-        self._connections = _Connections(config.server, config.ssl_context, pool_size)
+        self._connections = _Connections(config, timeout, pool_size)
         self._prefix = urlsplit(config.server).path.rstrip("/")  # a server URL may have a path
+        self._extra: Sequence[tuple[str, str]] = config.headers
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "dra-driver"}
@@ -170,18 +169,41 @@ class KubeRest:
             headers["Authorization"] = auth
         return headers
 
+    def _exchange(
+        self, method: str, target: str, body: bytes | None, content_type: str | None, deadline: float
+    ) -> tuple[Connection, Response]:
+        """The response's status and headers read, its body not yet; a 401 has the credentials read again and,
+        when they differ from those sent (read again by another request maybe), the request sent once more."""
+        headers = self._headers(content_type)
+        conn, response = self._send(method, target, body, headers, deadline)
+        if response.status != 401:
+            return conn, response
+        self.config.reauthorize()
+        fresh = self._headers(content_type)
+        if fresh.get("Authorization") == headers.get("Authorization"):
+            return conn, response
+        self._body(conn, response)  # a 401 means the server did nothing: safe to send again, even a POST
+        return self._send(method, target, body, fresh, deadline)
+
+    def _body(self, conn: Connection, response: Response) -> bytes:
+        try:
+            data = response.read()
+        except BaseException:
+            conn.close()
+            raise
+        self._connections.give_back(conn, response)
+        return data
+
     def _send(
         self, method: str, target: str, body: bytes | None, headers: dict[str, str], deadline: float
     ) -> tuple[Connection, Response]:
-        """The response's status and headers read, its body not yet."""
-        conn, reused = self._connections.take(_remaining(deadline))
+        remaining(deadline)
+        conn, reused = self._connections.take()
         while True:
             sent = False
             try:
-                conn.request(method, self._prefix + target, body, headers)
+                conn.request(method, self._prefix + target, body, headers, extra=self._extra, deadline=deadline)
                 sent = True
-                if conn.sock is not None:
-                    conn.sock.settimeout(_remaining(deadline))
                 return conn, conn.getresponse(method)
             except ConnectionError:  # reset, broken pipe, closed without an answer (a timeout is not one)
                 conn.close()
@@ -191,7 +213,7 @@ class KubeRest:
                 conn.close()
                 raise
             # the server closed the reused connection: once more on a new one
-            conn, reused = self._connections.new(_remaining(deadline)), False
+            conn, reused = self._connections.new(), False
 
     def request(self, method: str, path: str, **options: Any) -> Any:
         """The decoded JSON answer (None for an empty one); `options` as `request_bytes` takes them."""
@@ -213,14 +235,8 @@ class KubeRest:
         target = path + ("?" + urlencode(query) if query else "")
         deadline = time.monotonic() + (self.timeout if timeout is None else max(timeout, 0.001))
         payload = None if body is None else json.dumps(body).encode()
-        conn, response = self._send(method, target, payload, self._headers(content_type if body is not None else None),
-                                    deadline)  # fmt: skip
-        try:
-            data = response.read()
-        except BaseException:
-            conn.close()
-            raise
-        self._connections.give_back(conn, response)
+        conn, response = self._exchange(method, target, payload, content_type if body is not None else None, deadline)
+        data = self._body(conn, response)
         if response.status >= 400:
             raise ApiError(method, path, response.status, response.reason or "", data.decode(errors="replace"))
         return data
@@ -229,20 +245,17 @@ class KubeRest:
         return self.request("GET", path, query=query or None, timeout=timeout)
 
     def watch(self, path: str, *, resource_version: str = "", seconds: int = 300, **query: Any) -> Watch:
-        """A watch the server ends after `seconds`; a read waits at most 30 s longer (a dead link)."""
+        """A watch the server ends after `seconds`; its head comes within the client's timeout, its events end
+        WATCH_SLACK_S after `seconds` at the latest."""
         params: dict[str, Any] = {**query, "watch": "true", "timeoutSeconds": seconds, "allowWatchBookmarks": "false"}
         if resource_version:
             params["resourceVersion"] = resource_version
-        conn, response = self._send("GET", path + "?" + urlencode(params), None, self._headers(None),
-                                    time.monotonic() + self.timeout)  # fmt: skip
+        conn, response = self._exchange("GET", path + "?" + urlencode(params), None, None,
+                                        time.monotonic() + self.timeout)  # fmt: skip
         if response.status >= 400:
-            try:
-                data = response.read().decode(errors="replace")
-            finally:
-                conn.close()
+            data = self._body(conn, response).decode(errors="replace")
             raise ApiError("WATCH", path, response.status, response.reason or "", data)
-        if conn.sock is not None:
-            conn.sock.settimeout(seconds + 30)
+        conn.deadline = time.monotonic() + seconds + WATCH_SLACK_S
         return Watch(self._connections, conn, response, path)
 
     def version(self, *, timeout: float | None = None) -> str:
