@@ -23,7 +23,7 @@ from dra_driver.plugin import features
 from dra_driver.report.cli import add_subcommand as add_report_subcommand
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
-from dra_driver.slices.devices import DEFAULT_MODE
+from dra_driver.slices.devices import DEFAULT_MODE, UNLIMITED_REPLICAS
 from dra_driver.slices.model import ResourceSlice
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
@@ -60,8 +60,27 @@ def _add_slice_args(p: argparse.ArgumentParser) -> None:
         choices=[m.value for m in PublishMode],
         default=DEFAULT_MODE.value,
         help="partitionable: GPUs + MIG partitions carved on demand; static: existing MIG devices; "
-        "gpus: whole GPUs only",
+        "gpus: whole GPUs only; shared: whole GPUs several claims hold at once",
     )
+    p.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=None,
+        help="with --mode shared: N claims per GPU, each taking one share and no memory unless it asks, or "
+        "'unlimited' (the device plugin's time-slicing replicas); default: claims share a GPU by memory",
+    )
+
+
+def _replicas(text: str) -> int:
+    if text == "unlimited":
+        return UNLIMITED_REPLICAS
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of replicas or 'unlimited'") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"replicas must be 1 or more, or 'unlimited'; not {n}")
+    return n
 
 
 def _discover(args: argparse.Namespace) -> Inventory:
@@ -72,7 +91,12 @@ def _discover(args: argparse.Namespace) -> Inventory:
 
 def _slices(args: argparse.Namespace, inv: Inventory) -> list[ResourceSlice]:
     return build_slices(
-        inv, node_name=args.node_name, driver=args.driver, k8s_version=args.k8s_version, mode=PublishMode(args.mode)
+        inv,
+        node_name=args.node_name,
+        driver=args.driver,
+        k8s_version=args.k8s_version,
+        mode=PublishMode(args.mode),
+        replicas=args.replicas,
     )
 
 
@@ -182,6 +206,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         args.ignored_xids,
         metrics_address=args.metrics_address,
         pod_uid=args.pod_uid,
+        replicas=args.replicas,
     )
     source = open_source(
         args.sim, args.sim_state, args.sysfs_root, args.proc_root, args.driver_root, args.host_driver_root

@@ -60,6 +60,7 @@ class DaemonOptions:
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS  # XIDs counted in the metrics but never tainting
     metrics_address: str = "127.0.0.1"  # the endpoint has no authentication: loopback unless asked otherwise
     pod_uid: str = ""  # in the kubelet socket names, for rolling updates with surge ("": dra.sock, <driver>-reg.sock)
+    replicas: int | None = None  # shared mode: claims per GPU (slices.devices.check_replicas)
 
 
 def serve_metrics(port: int, address: str) -> WSGIServer:
@@ -199,6 +200,7 @@ def _run_served(
             driver=settings.driver,
             k8s_version=version,
             mode=settings.mode,
+            replicas=options.replicas,
             taints=device_taints(),
             generation=generation,
             node_uid=node_uid,

@@ -147,3 +147,15 @@ def test_a_logged_traceback_stays_inside_its_json_line() -> None:
     line = json.loads(text)
     assert line["msg"] == "failed: it" and line["level"] == "ERROR"
     assert line["error"].startswith("Traceback") and 'ValueError: bad "value"\nsecond line' in line["error"]
+
+
+def test_replicas_are_published_in_shared_mode_only(tmp_path: Path) -> None:
+    out = _run("inventory", "--sim", "dgx-h100", "--mode", "shared", "--replicas", "4", "-o", "json",
+               "--k8s-version", "1.36", tmp_path=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    devices = [d for s in json.loads(out.stdout)["items"] for d in s["spec"]["devices"]]
+    assert len(devices) == 8 and all(d["capacity"]["shares"]["value"] == "4" for d in devices)
+    refused = _run("inventory", "--sim", "dgx-h100", "--mode", "static", "--replicas", "4", tmp_path=tmp_path)
+    assert refused.returncode == 1 and "replicas apply to mode shared only" in refused.stderr
+    bad = _run("inventory", "--sim", "dgx-h100", "--mode", "shared", "--replicas", "0", tmp_path=tmp_path)
+    assert bad.returncode == 2 and "'unlimited'" in bad.stderr

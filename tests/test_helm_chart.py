@@ -287,6 +287,15 @@ def test_device_plugin_resource_names_are_served_by_the_classes_and_each_can_be_
     assert {n for n in names("--set", "deviceClasses.extendedResources.migPrefix=").values() if n} == {"nvidia.com/gpu"}
 
 
+def test_replicas_reach_the_daemon_in_shared_mode(helm: Helm) -> None:
+    def replicas_args(*values: str) -> list[str]:
+        return [a for a in _plugin(_render(helm, *values))["c"]["args"] if a.startswith("--replicas")]
+
+    assert replicas_args() == [] and replicas_args("--set", "mode=shared") == []
+    assert replicas_args("--set", "mode=shared", "--set", "replicas=4") == ["--replicas=4"]
+    assert replicas_args("--set", "mode=shared", "--set", "replicas=unlimited") == ["--replicas=unlimited"]
+
+
 def test_the_charts_default_mode_is_the_daemons() -> None:
     """One default publish mode (dra_driver.slices.devices.DEFAULT_MODE), in the chart's values too."""
     from dra_driver.slices.devices import DEFAULT_MODE
@@ -300,6 +309,9 @@ def test_bad_values_fail_the_render(helm: Helm) -> None:
         (("--set", "mode=all"), "mode must be partitionable, static, gpus or shared"),
         (("--set", "driverName=GPU_Driver"), "driverName must be a DNS subdomain"),
         (("--kube-version", "1.33.0"), "kubeVersion"),
+        (("--set", "replicas=4"), "replicas apply to mode shared only, not static"),
+        (("--set", "mode=shared", "--set", "replicas=0"), "replicas must be a number from 1 to 1024 or unlimited"),
+        (("--set", "mode=shared", "--set", "replicas=1025"), "replicas must be a number from 1 to 1024 or unlimited"),
     ):
         proc = _run(helm, "template", RELEASE, str(CHART), *values, check=False)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr

@@ -406,3 +406,32 @@ def test_consumable_capacity_lets_two_claims_share_one_gpu(cluster: Cluster) -> 
     cluster.cp.kubectl("delete", "pods", "cap-a", "cap-b", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
     wait_until("claim specs removed", lambda: cluster.claim_specs() == [], timeout=60)
     assert cluster.release.checkpoint_claims() == {}
+
+
+def test_replicas_put_four_device_plugin_pods_on_one_gpu_each_with_its_own_claim(cluster: Cluster) -> None:
+    """`mode: shared` with `replicas: 4`, as the device plugin's time-slicing `replicas: 4`: four pods each asking
+    `nvidia.com/gpu: 1` run at once on one GPU, each through a claim of its own."""
+    release = cluster.release
+    release.install("--set", "mode=shared", "--set", "replicas=4")
+
+    def four_shares() -> bool:
+        devices = [d for s in release.slices() for d in s["spec"].get("devices", [])]
+        return bool(devices) and all(d.get("capacity", {}).get("shares", {}).get("value") == "4" for d in devices)
+
+    wait_until("slices with four shares per GPU", four_shares, timeout=60)
+    names = [f"replica-{i}" for i in range(4)]
+    cluster.apply(*(device_plugin_pod(n, "nvidia.com/gpu") for n in names))
+    claims = []
+    for name in names:
+        cluster.wait_running(name)
+        cluster.check_sees_its_devices(name)
+        (c,) = cluster.claims_of(name)
+        claims.append(c)
+    results = [r for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
+    assert len({r["device"] for r in results}) == 1, results  # one GPU ...
+    assert len({c["metadata"]["uid"] for c in claims}) == 4 and len({r["shareID"] for r in results}) == 4  # 4 claims
+    assert all(r["consumedCapacity"] == {"shares": "1", "memory": "0"} for r in results), results
+    assert len({json.dumps(cluster.seen(n)["devices"]) for n in names}) == 1  # the same device nodes in each
+    cluster.cp.kubectl("delete", "pods", *names, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    wait_until("claim specs removed", lambda: cluster.claim_specs() == [], timeout=60)
+    assert cluster.release.checkpoint_claims() == {}

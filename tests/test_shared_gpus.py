@@ -113,3 +113,47 @@ def test_two_claims_on_one_gpu_never_overwrite_or_reset_each_others_time_slice(t
     assert d.unprepare([ref(c)])["uid-c"] == "" and state.timeslice(uuid) == 3  # A still runs with Long
     assert d.unprepare([ref(a)])["uid-a"] == "" and state.timeslice(uuid) == 0  # the last one leaves: Default
     assert node.cdi_files() == []
+
+
+def test_replicas_publish_shares_and_take_no_memory_unless_asked(sim_factory) -> None:
+    sim = sim_factory("dgx-h100")
+    inv = discover(sim, sim.sysfs_root)
+    (device, *_) = [d for s in build_slices(inv, node_name="n", mode=PublishMode.SHARED, replicas=4)
+                    for d in s.spec.devices or []]  # fmt: skip
+    assert device.allow_multiple_allocations
+    shares, memory = device.capacity["shares"], device.capacity["memory"]
+    assert shares.value == "4" and shares.request_policy is not None
+    assert shares.request_policy.default == "1" and shares.request_policy.valid_range is not None
+    assert (shares.request_policy.valid_range.min, shares.request_policy.valid_range.max) == ("1", "1")
+    assert memory.value == "81559Mi" and memory.request_policy == CapacityRequestPolicy(default="0")
+    (unlimited, *_) = [d for s in build_slices(inv, node_name="n", mode=PublishMode.SHARED, replicas=0)
+                       for d in s.spec.devices or []]  # fmt: skip
+    assert "shares" not in unlimited.capacity and unlimited.capacity["memory"].request_policy == memory.request_policy
+    for mode, replicas in ((PublishMode.STATIC, 4), (PublishMode.SHARED, -1), (PublishMode.SHARED, 1025)):
+        with pytest.raises(ValueError, match="replicas"):
+            build_slices(inv, node_name="n", mode=mode, replicas=replicas)
+
+
+def test_replicas_put_that_many_claims_on_a_gpu_each_prepared(tmp_path: Path) -> None:
+    """As the device plugin's `replicas: 4`: four claims that ask for nothing share the first GPU, the fifth goes
+    to the next one; a claim may still ask for memory, kept within the GPU's."""
+    node = Node(tmp_path)
+    sim = node.sim
+    sim.nvmlInit()
+    slices = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name="node-a",
+                                               mode=PublishMode.SHARED, replicas=4)]  # fmt: skip
+    claims = [_claim(f"r{i}", None) for i in range(5)]
+    report = simulate(slices, [GPU_CLASS], claims, node="node-a")
+    devices = [o.allocation["devices"]["results"][0]["device"] for o in report.outcomes if o.allocation]
+    assert devices == ["gpu-0"] * 4 + ["gpu-1"], devices
+    for c, o in zip(claims, report.outcomes, strict=True):
+        c["status"] = {"allocation": o.allocation}
+    node.add(*claims)
+    d = node.driver(mode=PublishMode.SHARED)
+    out = d.prepare([ref(c) for c in claims])
+    assert all(r.error == "" for r in out.values()), out
+    assert len({r.devices[0].share_id for r in out.values()}) == 5 and len(node.cdi_files()) == 5
+    assert all(e == "" for e in d.unprepare([ref(c) for c in claims]).values()) and node.cdi_files() == []
+    big = [_claim("big", "70Gi"), _claim("more", "15Gi")]  # 85Gi: more than one 80 GB GPU
+    placed = simulate(slices, [GPU_CLASS], big, node="node-a").outcomes
+    assert [o.allocation["devices"]["results"][0]["device"] for o in placed] == ["gpu-0", "gpu-1"]

@@ -39,6 +39,7 @@ CAP_DECODERS: Final = "decoders"
 CAP_ENCODERS: Final = "encoders"
 CAP_JPEG_ENGINES: Final = "jpegEngines"
 CAP_OFA_ENGINES: Final = "ofaEngines"
+CAP_SHARES: Final = "shares"  # shared mode with replicas: how many claims one GPU takes
 MIG_CAPACITIES: Final = (
     CAP_MULTIPROCESSORS,
     CAP_COPY_ENGINES,

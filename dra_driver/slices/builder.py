@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
-from dra_driver.slices.devices import GpuDevices, PublishMode, gpu_devices
+from dra_driver.slices.devices import GpuDevices, PublishMode, check_replicas, gpu_devices
 from dra_driver.slices.limits import SliceLimits, limits_for
 from dra_driver.slices.model import (
     CounterSet,
@@ -70,6 +70,7 @@ def build_slices(
     driver: str = DEFAULT_DRIVER_NAME,
     k8s_version: str | int = "1.35",
     mode: PublishMode = PublishMode.PARTITIONABLE,  # the full layout; the daemon's default is DEFAULT_MODE
+    replicas: int | None = None,  # shared mode: None by memory, 0 unlimited, N claims per GPU (check_replicas)
     taints: Mapping[str, list[DeviceTaint]] | None = None,
     generation: int = 1,
     node_uid: str | None = None,
@@ -80,11 +81,12 @@ def build_slices(
     ever dropped silently.
     """
     limits = limits_for(k8s_version)
+    check_replicas(replicas, mode)
     if mode is PublishMode.SHARED and limits.minor < CONSUMABLE_CAPACITY_BETA:
         # Before 1.36 DRAConsumableCapacity is alpha: an API server without the gate drops allowMultipleAllocations
         # and the request policy, and the GPUs would be handed out whole.
         log.warning("shared mode needs the DRAConsumableCapacity feature gate on Kubernetes 1.%d", limits.minor)
-    groups = [gpu_devices(inventory, gpu, mode) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
+    groups = [gpu_devices(inventory, gpu, mode, replicas) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
     for name, device_taints in (taints or {}).items():
         device = next((d for g in groups for d in g.devices if d.name == name), None)
         if device is None:

@@ -169,12 +169,28 @@ def _static(inv: Inventory, gpu: GpuInfo, include_mig: bool) -> GpuDevices:
 
 
 SHARED_MEMORY_MIN, SHARED_MEMORY_STEP = 1 << 30, 1 << 20  # at least 1 GiB per claim, in MiB steps
+UNLIMITED_REPLICAS: Final = 0  # shared mode: any number of claims per GPU, as the device plugin's sharing has none
+MAX_REPLICAS: Final = 1024
 
 
-def _shared(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
-    """A whole GPU that several claims may hold at once (KEP-5075 consumable capacity): the scheduler keeps the
-    sum of their `memory` requests within the GPU's memory. A claim that asks for no memory gets all of it, so it
-    holds the GPU alone."""
+def check_replicas(replicas: int | None, mode: PublishMode) -> None:
+    """ValueError unless `replicas` (None: share by memory; 0: unlimited; N: N claims per GPU) fits `mode`."""
+    if replicas is None:
+        return
+    if mode is not PublishMode.SHARED:
+        raise ValueError(f"replicas apply to mode {PublishMode.SHARED.value} only, not {mode.value}")
+    if not UNLIMITED_REPLICAS <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be from 1 to {MAX_REPLICAS}, or unlimited; not {replicas}")
+
+
+def _shared(inv: Inventory, gpu: GpuInfo, replicas: int | None) -> GpuDevices:
+    """A whole GPU that several claims may hold at once (KEP-5075 consumable capacity).
+
+    By memory (`replicas` None): the scheduler keeps the sum of the claims' `memory` requests within the GPU's
+    memory; a claim that asks for no memory gets all of it, so it holds the GPU alone. With replicas, as the device
+    plugin's time-slicing: a claim that asks for nothing takes no memory and one of `replicas` shares (a capacity
+    of its own, one share per claim at most, as `failRequestsGreaterThanOne`), or, unlimited, no share at all;
+    a claim may still ask for memory, which is then kept within the GPU's."""
     group = GpuDevices(minor=gpu.minor)
     if gpu.mig_enabled:
         log.warning("GPU %d has MIG enabled; not published as a shared GPU", gpu.minor)
@@ -182,20 +198,29 @@ def _shared(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
     device = _whole_gpu(inv, gpu)
     device.allow_multiple_allocations = True
     whole = binary_quantity(gpu.memory_bytes)
+    by_memory = replicas is None
     device.capacity[A.CAP_MEMORY] = DeviceCapacity(
         value=whole,
         request_policy=CapacityRequestPolicy(
-            default=whole,
-            valid_range=CapacityRange(min=binary_quantity(SHARED_MEMORY_MIN), step=binary_quantity(SHARED_MEMORY_STEP)),
+            default=whole if by_memory else "0",
+            valid_range=CapacityRange(min=binary_quantity(SHARED_MEMORY_MIN), step=binary_quantity(SHARED_MEMORY_STEP))
+            if by_memory
+            else None,
         ),
     )
+    if replicas:
+        one = count_quantity(1)
+        device.capacity[A.CAP_SHARES] = DeviceCapacity(
+            value=count_quantity(replicas),
+            request_policy=CapacityRequestPolicy(default=one, valid_range=CapacityRange(min=one, max=one)),
+        )
     group.devices.append(device)
     return group
 
 
-def gpu_devices(inv: Inventory, gpu: GpuInfo, mode: PublishMode) -> GpuDevices:
+def gpu_devices(inv: Inventory, gpu: GpuInfo, mode: PublishMode, replicas: int | None = None) -> GpuDevices:
     if mode is PublishMode.PARTITIONABLE:
         return _partitionable(inv, gpu)
     if mode is PublishMode.SHARED:
-        return _shared(inv, gpu)
+        return _shared(inv, gpu, replicas)
     return _static(inv, gpu, include_mig=mode is PublishMode.STATIC)

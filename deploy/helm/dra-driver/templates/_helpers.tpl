@@ -48,6 +48,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (has .Values.mode (list "partitionable" "static" "gpus" "shared")) -}}
 {{- fail (printf "mode must be partitionable, static, gpus or shared, not %q" .Values.mode) -}}
 {{- end -}}
+{{- $replicas := .Values.replicas | toString -}}
+{{- if and $replicas (ne .Values.mode "shared") -}}
+{{- fail (printf "replicas apply to mode shared only, not %s" .Values.mode) -}}
+{{- end -}}
+{{- if and $replicas (ne $replicas "unlimited") (or (not (regexMatch "^[1-9][0-9]{0,3}$" $replicas)) (gt (atoi $replicas) 1024)) -}}
+{{- fail (printf "replicas must be a number from 1 to 1024 or unlimited, not %q" $replicas) -}}
+{{- end -}}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" .Values.driverName) -}}
 {{- fail (printf "driverName must be a DNS subdomain, not %q" .Values.driverName) -}}
 {{- end -}}
