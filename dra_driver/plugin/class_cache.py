@@ -12,14 +12,12 @@ delivered it yet, and its UID must match the kubelet's; a GET is the only answer
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any, Protocol
 
+from dra_driver.kube import listwatch
 from dra_driver.kube.rest import as_rest, path_of
 from dra_driver.plugin.claims import RESOURCE_GROUP, RESOURCE_VERSION, ClaimSource, DeviceClass, ResourceClaim
-
-log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # each watch ends after this; the next round relists (the resync)
 LIST_TIMEOUT_S = 10.0
@@ -47,19 +45,11 @@ class KubeClassWatch:
         self._path = path_of(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses")
 
     def list(self) -> tuple[list[dict[str, Any]], str]:
-        got: Any = self._rest.get(self._path, timeout=LIST_TIMEOUT_S)
-        return list(got.get("items") or []), str(got["metadata"]["resourceVersion"])
+        return listwatch.list_at(self._rest, self._path, LIST_TIMEOUT_S)
 
     def watch(self, resource_version: str, stop: threading.Event) -> Any:
-        # the server ends the watch after `seconds`; a read waits 30 s longer for a dead link
-        events = self._rest.watch(self._path, resource_version=resource_version, seconds=self._seconds)
-        try:
-            for kind, obj in events:  # an ERROR event (410 Gone: too old a version) raises: the caller relists
-                if stop.is_set():
-                    return
-                yield kind, obj
-        finally:
-            events.stop()
+        # an ERROR event (410 Gone: too old a version) raises: the caller relists
+        return listwatch.watch_from(self._rest, self._path, resource_version, self._seconds, stop)
 
 
 class DeviceClassCache:
@@ -94,16 +84,17 @@ class DeviceClassCache:
             return self._classes.get(name) if self._synced else None
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                items, version = self._source.list()
-                self._replace(items)
-                for kind, obj in self._source.watch(version, self._stop):
-                    self._apply(kind, obj)
-            except Exception as e:  # the API server is away: GETs until the next list succeeds
-                log.warning("deviceclass cache out of sync, prepares read classes directly: %s", e)
-                self._set_unsynced()
-                self._stop.wait(self._retry_s)
+        # out of sync (the API server away), prepares read their classes with GETs until the next list succeeds
+        listwatch.run(
+            "deviceclass cache (prepares read classes directly meanwhile)",
+            self._source.list,
+            self._source.watch,
+            self._replace,
+            self._apply,
+            self._set_unsynced,
+            self._stop,
+            self._retry_s,
+        )
 
     def _set_unsynced(self) -> None:
         with self._lock:
