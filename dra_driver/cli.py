@@ -207,6 +207,8 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         pod_uid=args.pod_uid,
         replicas=args.replicas,
+        node_configs=args.node_configs,
+        node_config_label=args.node_config_label,
     )
     source = open_source(
         args.sim, args.sim_state, args.sysfs_root, args.proc_root, args.driver_root, args.host_driver_root
@@ -414,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="XIDs that never taint a device (comma-separated, replaces the default; '' taints on every XID; "
         f"default {','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))}: application errors)",
     )
+    plugin.add_argument(
+        "--node-configs",
+        type=Path,
+        help="JSON of named configurations ({name: {mode, replicas}}) that the Node's --node-config-label chooses "
+        "from; without the label, --mode and --replicas (needs RBAC list and watch on nodes, create on events)",
+    )
+    plugin.add_argument("--node-config-label", default="", help="default: <driver>/config")
     plugin.set_defaults(func=cmd_plugin, k8s_version=None)  # None: ask the API server
 
     health = sub.add_parser("health", help="the node daemon's device health (run inside its pod)")

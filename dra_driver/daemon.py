@@ -39,6 +39,7 @@ from dra_driver.sharing.mps_deployment import from_environment as mps_from_envir
 if TYPE_CHECKING:  # imported when the daemon serves (_run_served), not before
     from wsgiref.simple_server import WSGIServer
 
+    from dra_driver.controller.nodeconfig import NodeConfigurator
     from dra_driver.slices.model import DeviceTaint, ResourceSlice
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class DaemonOptions:
     metrics_address: str = "127.0.0.1"  # the endpoint has no authentication: loopback unless asked otherwise
     pod_uid: str = ""  # in the kubelet socket names, for rolling updates with surge ("": dra.sock, <driver>-reg.sock)
     replicas: int | None = None  # shared mode: claims per GPU (slices.devices.check_replicas)
+    node_configs: Path | None = None  # named configurations a node label chooses from (controller.nodeconfig)
+    node_config_label: str = ""  # that label; "" with node_configs: <driver>/config
 
 
 def serve_metrics(port: int, address: str) -> WSGIServer:
@@ -142,6 +145,7 @@ def _run_served(
     from dra_driver.plugin import selectors
 
     selectors.warm_up()  # the CEL environment, before the first prepare needs it
+    from dra_driver.controller.nodeconfig import NodeLabelWatch
     from dra_driver.controller.publisher import Publisher
     from dra_driver.health.admin import SOCKET_NAME, HealthAdminServer
     from dra_driver.health.claim_status import ClaimStatusReporter
@@ -193,17 +197,24 @@ def _run_served(
         published = driver.catalog  # a device of an older inventory is not tainted
         return {n: t for n, t in publishable(health.taints(), version).items() if n in published}
 
+    configurator = _node_configurator(options, api, driver, lambda: publisher.trigger())
+
     def desired(generation: int, node_uid: str | None) -> list[ResourceSlice]:
+        selection = configurator.current if configurator is not None else None
         return build_slices(
             driver.inventory,
             node_name=settings.pool,
             driver=settings.driver,
             k8s_version=version,
-            mode=settings.mode,
-            replicas=options.replicas,
+            mode=driver.settings.mode,  # the node configuration's, once one is applied
+            replicas=selection.config.replicas if selection is not None else options.replicas,
             taints=device_taints(),
             generation=generation,
             node_uid=node_uid,
+            labels={f"{settings.driver}/config": selection.name} if selection is not None else None,
+            annotations={f"{settings.driver}/config-refused": selection.refused}
+            if selection is not None and selection.refused
+            else None,
         )
 
     desired(1, None)  # fail now, not in the background, if this node cannot be expressed in this version
@@ -213,6 +224,10 @@ def _run_served(
     for part in (publisher, health, claim_status, admin):
         part.start()
         cleanup.callback(part.stop)
+    if configurator is not None:
+        label_watch = NodeLabelWatch(api, settings.pool, _config_label(options), configurator.label_changed)
+        label_watch.start()
+        cleanup.callback(label_watch.stop)
     taints[0] = health.taints
     server.device_health_changed()
     log.info("plugin %s publishing pool %s for Kubernetes %s", settings.driver, settings.pool, version)
@@ -220,8 +235,12 @@ def _run_served(
     _release_garbage()
     next_discovery = time.monotonic() + options.rediscover_seconds
     idle = memory.TrimWhenIdle(driver.calls)
+    calls = driver.calls
     while not stop.wait(min(IDLE_TRIM_S, max(0.0, next_discovery - time.monotonic()))):
         idle.tick(driver.calls)
+        if configurator is not None and driver.calls != calls:  # claims came or went: a refused one may fit now
+            calls = driver.calls
+            configurator.retry()
         if time.monotonic() < next_discovery:
             continue
         next_discovery = time.monotonic() + options.rediscover_seconds
@@ -230,6 +249,32 @@ def _run_served(
             server.device_health_changed()  # the device list changed
             label_node()
         _release_garbage()
+
+
+def _config_label(options: DaemonOptions) -> str:
+    return options.node_config_label or f"{options.settings.driver}/config"
+
+
+def _node_configurator(
+    options: DaemonOptions, api: KubeRest, driver: Driver, republish: Callable[[], None]
+) -> NodeConfigurator | None:
+    """The node configuration the label chooses (None without --node-configs): it switches the plugin's mode and
+    republishes."""
+    if options.node_configs is None:
+        return None
+    from dra_driver.controller.nodeconfig import NodeConfig, NodeConfigurator, load_configs, node_event_poster
+
+    configurator: NodeConfigurator | None = None
+
+    def switch(config: NodeConfig) -> list[str]:
+        assert configurator is not None
+        shared_changes = config.replicas != configurator.current.config.replicas
+        return driver.reconfigure(config.mode, shared_changes=shared_changes, deadline=time.monotonic() + 30)
+
+    default = NodeConfig(mode=options.settings.mode, replicas=options.replicas)
+    post = node_event_poster(api, options.settings.pool, options.settings.driver)
+    configurator = NodeConfigurator(load_configs(options.node_configs), default, switch, republish, post)
+    return configurator
 
 
 def _release_garbage() -> None:

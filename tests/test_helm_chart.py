@@ -55,7 +55,9 @@ HOST_NETWORK = (  # a node without kube-proxy, whose kubelets predate per-pod so
     "--set",
     "rollingUpdate.uniqueSockets=false",
 )
+NODE_CONFIGS = ("--set-json", 'nodeConfigs.configs={"mig-on-demand": {"mode": "partitionable"}}')
 VALUE_SETS = {
+    "node-configs": NODE_CONFIGS,
     "real": REAL,
     "simulator": SIMULATOR,
     "custom": CUSTOM,
@@ -294,6 +296,31 @@ def test_replicas_reach_the_daemon_in_shared_mode(helm: Helm) -> None:
     assert replicas_args() == [] and replicas_args("--set", "mode=shared") == []
     assert replicas_args("--set", "mode=shared", "--set", "replicas=4") == ["--replicas=4"]
     assert replicas_args("--set", "mode=shared", "--set", "replicas=unlimited") == ["--replicas=unlimited"]
+
+
+def test_node_configs_reach_the_daemon_with_the_rbac_they_need(helm: Helm, tmp_path: Path) -> None:
+    from dra_driver.controller.nodeconfig import load_configs
+
+    assert not [o for o in _render(helm) if "node-configs" in o["metadata"]["name"]]
+    assert not [a for a in _plugin(_render(helm))["c"]["args"] if a.startswith("--node-config")]
+    configs = {"mig-on-demand": {"mode": "partitionable"}, "shared-4": {"mode": "shared", "replicas": 4}}
+    objs = _render(helm, "--set-json", f"nodeConfigs.configs={json.dumps(configs)}")
+    rendered = _one(objs, "ConfigMap", f"{FULLNAME}-node-configs")["data"]["configs.json"]
+    (tmp_path / "configs.json").write_text(rendered)
+    assert set(load_configs(tmp_path / "configs.json")) == set(configs)  # what the daemon reads
+    plugin = _plugin(objs)
+    assert "--node-configs=/etc/dra-driver/node-configs/configs.json" in plugin["c"]["args"]
+    assert f"--node-config-label={DEFAULT_DRIVER}/config" in plugin["c"]["args"]
+    assert plugin["mounts"]["node-configs"]["mountPath"] == "/etc/dra-driver/node-configs"
+    assert any(v.get("configMap", {}).get("name") == f"{FULLNAME}-node-configs" for v in plugin["pod"]["volumes"])
+    role = _one(objs, "ClusterRole", f"{FULLNAME}-node-configs")
+    assert {(r["resources"][0], tuple(r["verbs"])) for r in role["rules"]} == {
+        ("nodes", ("get", "list", "watch")), ("events", ("create",))}  # fmt: skip
+    template = _one(objs, "DaemonSet", FULLNAME)["spec"]["template"]["metadata"]
+    assert "checksum/node-configs" in template["annotations"]  # a changed configuration rolls the daemons
+    label = _plugin(_render(helm, "--set-json", f"nodeConfigs.configs={json.dumps(configs)}",
+                            "--set", "nodeConfigs.label=example.com/gpu-config"))["c"]["args"]  # fmt: skip
+    assert "--node-config-label=example.com/gpu-config" in label
 
 
 def test_the_charts_default_mode_is_the_daemons() -> None:

@@ -36,6 +36,7 @@ def test_configurations_load_and_bad_ones_are_named(tmp_path: Path) -> None:
         ({"x": {"mode": "everything"}}, "'x'.*mode"),
         ({"x": {"mode": "static", "colour": "red"}}, "'x'.*colour"),
         ({DEFAULT_NAME: {"mode": "static"}}, "daemon's own flags"),
+        ({"two words": {"mode": "static"}}, "not a label value"),
         (["static"], "an object of named configurations"),
     ):
         path.write_text(json.dumps(body))

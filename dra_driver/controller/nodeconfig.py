@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ LIST_TIMEOUT_S = 10.0
 EVENT_TIMEOUT_S = 5.0
 RETRY_S = 5.0
 DEFAULT_NAME = "default"  # the daemon's own flags, when the Node has no label
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 class NodeConfig(BaseModel):
@@ -67,6 +69,8 @@ def load_configs(path: Path) -> dict[str, NodeConfig]:
     for name, body in raw.items():
         if name == DEFAULT_NAME:
             raise ValueError(f"node configurations {path}: {DEFAULT_NAME!r} is the daemon's own flags")
+        if not _LABEL_VALUE.fullmatch(name):
+            raise ValueError(f"node configurations {path}: {name!r} is not a label value (what a node label names)")
         try:
             configs[name] = NodeConfig.model_validate(body)
         except ValidationError as e:

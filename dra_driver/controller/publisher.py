@@ -44,10 +44,12 @@ class PublisherStats:
 
 
 def _content(obj: dict[str, Any]) -> dict[str, Any]:
-    """What must match for a stored slice to count as published: the spec without the generation, and
-    without what the API server fills in itself (a taint's timeAdded), which would otherwise look like a
-    difference on every pass and republish forever."""
+    """What must match for a stored slice to count as published: its labels and annotations (the node's
+    configuration), the spec without the generation, and without what the API server fills in itself (a taint's
+    timeAdded), which would otherwise look like a difference on every pass and republish forever."""
+    meta = obj.get("metadata", {})
     spec = dict(obj.get("spec", {}))
+    spec["metadata"] = {k: meta.get(k) or {} for k in ("labels", "annotations")}
     pool = dict(spec.get("pool", {}))
     pool.pop("generation", None)
     spec["pool"] = pool

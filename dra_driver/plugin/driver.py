@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap_nodes
@@ -175,6 +175,32 @@ class Driver:
             if edits is not None:
                 self.driver_edits = edits
         return changed
+
+    def reconfigure(self, mode: PublishMode, *, shared_changes: bool, deadline: float | None = None) -> list[str]:
+        """Serve `mode` from now on, unless a prepared claim holds a device that `mode` would not publish the same
+        way: gone, held alone where it was shared or the other way round, a MIG partition the driver carved, or
+        (`shared_changes`) any shared device, whose sharing terms change. Returns those claims, as
+        `namespace/name: device`; nothing changed then."""
+        catalog = build_catalog(self.inventory, mode)
+        with self._locked(deadline):
+            blockers = []
+            for entry in self.checkpoint.claims.values():
+                for d in entry.devices:
+                    old, new = self.catalog.get(d.device), catalog.get(d.device)
+                    if d.released or d.admin_access or old is None:
+                        continue
+                    carved = d.mig is not None and mode is not self.settings.mode  # its undo depends on the mode
+                    if (
+                        carved
+                        or new is None
+                        or new.multiple_allocations != old.multiple_allocations
+                        or (shared_changes and old.multiple_allocations)
+                    ):
+                        blockers.append(f"{entry.namespace}/{entry.name}: {d.device}")
+            if not blockers:
+                self.settings = replace(self.settings, mode=mode)
+                self.catalog = catalog
+        return blockers
 
     def _driver_edits(self, inventory: Inventory) -> ContainerEdits | None:
         """The driver's libraries, binaries, firmware and sockets for every claim's CDI spec (found once per

@@ -74,6 +74,8 @@ def build_slices(
     taints: Mapping[str, list[DeviceTaint]] | None = None,
     generation: int = 1,
     node_uid: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> list[ResourceSlice]:
     """The complete pool for this node. Pure: the same inputs give the same slices.
 
@@ -100,7 +102,12 @@ def build_slices(
     )
     slices = [
         ResourceSlice(
-            metadata=ObjectMeta(name=f"{node_name}-{driver}-{i}", owner_references=owner),
+            metadata=ObjectMeta(
+                name=f"{node_name}-{driver}-{i}",
+                labels=dict(labels) if labels else None,
+                annotations=dict(annotations) if annotations else None,
+                owner_references=owner,
+            ),
             spec=ResourceSliceSpec(
                 driver=driver,
                 pool=ResourcePool(name=node_name, generation=generation, resource_slice_count=len(layout)),

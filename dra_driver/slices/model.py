@@ -97,6 +97,7 @@ class OwnerReference(_ApiModel):
 class ObjectMeta(_ApiModel):
     name: str
     labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
     owner_references: list[OwnerReference] | None = None
 
 
