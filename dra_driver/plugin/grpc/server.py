@@ -72,6 +72,7 @@ DEFAULT_PLUGIN_SOCKET = "dra.sock"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 RESERVED_WORKERS = 2  # server threads prepares never take: for unprepares and health checks
+HEALTH_WORKERS = 1  # server threads neither prepares nor unprepares take: the liveness probe's health checks
 
 
 _umask_lock = threading.Lock()
@@ -157,9 +158,11 @@ class PluginServer:
     ``on_registration`` is called with every status the kubelet reports.
     At most ``max_workers - RESERVED_WORKERS`` prepare calls run at once (at least one): more are refused at once
     (waiting would hold a thread too), so that prepares stalled on the API server never leave an unprepare without a
-    thread. ``device_health`` (None: not served) is what ``v1alpha1.DRAResourceHealth`` streams to the kubelet; call
-    :meth:`device_health_changed` when it changes. At most ``max_health_streams`` streams are served at once, and as
-    each holds a server thread for its life, that many more threads are kept from the prepares. Every
+    thread; prepares and unprepares together take at most ``max_workers - HEALTH_WORKERS``, so that the health
+    checks are answered while they all wait for the node's device lock. ``device_health`` (None: not served) is
+    what ``v1alpha1.DRAResourceHealth`` streams to the kubelet; call :meth:`device_health_changed` when it changes.
+    At most ``max_health_streams`` streams are served at once, and as each holds a server thread for its life, that
+    many more threads are kept from the prepares and unprepares. Every
     ``socket_check_interval_s`` (None: never) a socket file that is gone is bound again (the kubelet
     registers the plugin again when the registration socket reappears).
     """
@@ -221,6 +224,7 @@ class PluginServer:
             self._metrics,
             serialize=serialize,
             max_concurrent_prepares=max(1, max_workers - RESERVED_WORKERS - stream_workers),
+            max_concurrent_calls=max(1, max_workers - HEALTH_WORKERS - stream_workers),
         )
         self._dra_modules = (pb.dra_v1, pb.dra_v1beta1)
         self._registration = RegistrationService(
