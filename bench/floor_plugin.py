@@ -69,7 +69,7 @@ class FloorPreparer:
                 out[ref.uid] = PrepareResult(error=f"{type(e).__name__}: {e}")
         return out
 
-    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
         out: dict[str, str] = {}
         for ref in claims:
             try:

@@ -73,8 +73,9 @@ def serve_metrics(port: int, address: str) -> WSGIServer:
 
 
 def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None = None) -> None:
-    """Serves the kubelet as soon as the driver has recovered; the publisher, health and telemetry start after
-    (their modules are imported only then): start to serving is what a restarted plugin's prepares wait for."""
+    """Serves the kubelet as soon as the driver has recovered (or has left recovery for later: another process
+    holds the node's device lock); the publisher, health and telemetry start after (their modules are imported
+    only then): start to serving is what a restarted plugin's prepares wait for."""
     stop = stop or threading.Event()
     memory.limit_arenas()  # before any thread starts: see dra_driver.memory
     settings = options.settings

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.plugin.claims import StaticClaimSource
-from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.plugin.driver import STARTUP_LOCK_WAIT_S, Driver, PluginSettings
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
@@ -84,7 +84,13 @@ class Node:
         for c in claims:
             self.source.claims[(c["metadata"]["namespace"], c["metadata"]["name"])] = c
 
-    def driver(self, boot_id: str = "boot-1", sharing_runner: Any = None, **settings: Any) -> Driver:
+    def driver(
+        self,
+        boot_id: str = "boot-1",
+        sharing_runner: Any = None,
+        startup_lock_wait_s: float = STARTUP_LOCK_WAIT_S,
+        **settings: Any,
+    ) -> Driver:
         """Start the plugin core on this node; `settings` override PluginSettings fields (mode, feature_gates)."""
         fields = {"driver": DRIVER, "pool": NODE, "plugin_dir": self.plugin_dir, "cdi_root": self.cdi_root,
                   "mode": PublishMode.PARTITIONABLE, **settings}  # fmt: skip
@@ -97,6 +103,7 @@ class Node:
             boot_id=boot_id,
             sharing_runner=sharing_runner,
             driver_root=self.sim.driver_root,  # CDI specs with the simulated driver's libraries, as in production
+            startup_lock_wait_s=startup_lock_wait_s,
         )
 
     def mig_instances(self) -> list[tuple[int, int, int]]:

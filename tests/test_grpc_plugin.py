@@ -44,7 +44,7 @@ class FakePreparer:
             raise self.prepare_error
         return {c.uid: self.prepare_results[c.uid] for c in claims if c.uid in self.prepare_results}
 
-    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
         self.unprepared.append(list(claims))
         if self.unprepare_error is not None:
             raise self.unprepare_error

@@ -21,6 +21,7 @@ import pytest
 
 from dra_driver.health.admin import AdminError, HealthAdminServer, request
 from tests.plugin_helpers import DRIVER, Node
+from tests.polling import wait_until
 from tests.test_health import Health, eventually
 
 XID = pynvml.nvmlEventTypeXidCriticalError
@@ -248,3 +249,22 @@ def test_a_socket_replaced_after_start_by_someone_else_is_left_on_stop(tmp_path:
     finally:
         other.close()
         driver.close()
+
+
+def test_a_deleted_socket_is_served_again(tmp_path: Path, short_dir: Path) -> None:
+    node = Node(tmp_path)
+    driver = node.driver()
+    health = Health(node, driver)
+    sock = short_dir / "health.sock"
+    server = HealthAdminServer(health.monitor, sock, socket_check_interval_s=0.05)
+    server.start()
+    try:
+        assert request(sock, "GET", "/health")["driver"] == DRIVER
+        sock.unlink()  # e.g. a cleanup of the plugin directory
+        wait_until("health.sock is served again", sock.exists, timeout=10)
+        assert stat.S_IMODE(os.lstat(sock).st_mode) == 0o600
+        assert request(sock, "GET", "/health")["driver"] == DRIVER
+    finally:
+        server.stop()
+        driver.close()
+    assert not sock.exists() and list(short_dir.iterdir()) == []

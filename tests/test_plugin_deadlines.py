@@ -1,10 +1,15 @@
 """A stalled API server must not stall the plugin: every API read has a timeout, a prepare honours the kubelet's
-deadline, and prepares never take every gRPC worker, so unprepares still get through."""
+deadline, and prepares never take every gRPC worker, so unprepares still get through. Nor must another process that
+holds the node's device lock: prepares and unprepares end at their deadline, the health checks keep a worker, and
+start-up serves without waiting for the lock for ever."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -16,8 +21,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dra_driver.cdi.spec import spec_file_name
 from dra_driver.plugin.claims import API_TIMEOUT_S, DeviceClass, KubeClaimSource, ResourceClaim, StaticClaimSource
+from dra_driver.plugin.driver import Driver
 from dra_driver.plugin.grpc import PluginServer
+from dra_driver.plugin.grpc.probe import probe_socket
 from dra_driver.plugin.types import PrepareResult
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import DRIVER, Node, claim, ref
@@ -168,3 +176,101 @@ def test_kube_claim_source_gives_up_on_a_silent_api_server(silent_api_server: st
     assert _elapsed(lambda: source.get_claim("default", "c", timeout=30)) < 1.8  # never beyond request_timeout
     unbounded = KubeClaimSource(client.ApiClient(config))
     assert _elapsed(lambda: unbounded.get_claim("default", "c", timeout=0.3)) < 0.9
+
+
+# ----- the node's device lock, held by another process (the other pod of a rolling update, stalled) ------------
+@contextlib.contextmanager
+def node_lock_held(node: Node) -> Iterator[None]:
+    """Another process holds the node's device lock (`<plugin dir>/pu.lock`) until the block ends."""
+    node.plugin_dir.mkdir(parents=True, exist_ok=True)
+    hold = "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); "
+    hold += "sys.stdin.read()"
+    lock = node.plugin_dir / "pu.lock"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        yield
+    finally:
+        holder.stdin.close()  # it exits, and the lock goes with it
+        holder.wait(10)
+
+
+def _prepared(tmp_path: Path) -> tuple[Node, Driver, dict[str, Any]]:
+    """A node with a driver and a claim it prepared."""
+    node = Node(tmp_path)
+    c = claim(["gpu-0"])
+    node.add(c)
+    d = node.driver()
+    assert d.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
+    return node, d, c
+
+
+def test_an_unprepare_waiting_on_a_held_node_lock_ends_at_its_deadline(tmp_path: Path) -> None:
+    node, d, c = _prepared(tmp_path)
+    uid = c["metadata"]["uid"]
+    with node_lock_held(node):
+        start = time.monotonic()
+        error = d.unprepare([ref(c)], deadline=start + 1.5)[uid]
+        assert time.monotonic() - start < 1.5  # answered before the caller gives up
+        assert "deadline exceeded waiting for the node's device lock" in error and "nothing was changed" in error
+        assert uid in d.checkpoint.claims and node.cdi_files() != []  # nothing was changed
+    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: ""}  # the kubelet's retry
+    assert uid not in d.checkpoint.claims and node.cdi_files() == []
+
+
+def test_while_another_process_holds_the_node_lock_the_plugin_still_answers(tmp_path: Path, short_dir: Path) -> None:
+    node = Node(tmp_path)
+    prepared, new = [claim([f"gpu-{i}"]) for i in range(6)], claim(["gpu-7"])
+    node.add(*prepared, new)
+    driver = node.driver()
+    workers = 6
+    server = PluginServer(driver, DRIVER, short_dir / "plugins", short_dir / "registry", serialize=False,
+                          max_workers=workers, grace_period_s=0, socket_check_interval_s=None)  # fmt: skip
+    server.start()
+    deadline_s = 3.0
+    try:
+        with KubeletHarness(short_dir / "registry", DRIVER) as kubelet, ThreadPoolExecutor(2 * workers) as pool:
+            kubelet.register()
+            for c in prepared:
+                assert kubelet.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
+            with node_lock_held(node):
+                start = time.monotonic()
+                # the kubelet's retries: more unprepares than the server has threads, each waiting for the lock
+                unprepares = [pool.submit(kubelet.unprepare, [ref(c)], timeout=deadline_s) for c in 2 * prepared]
+                time.sleep(0.5)
+                probed = probe_socket(server.dra_socket_path, timeout=1.0)
+                assert probed.ok, probed  # the liveness probe
+                result = kubelet.prepare([ref(new)], timeout=deadline_s)[new["metadata"]["uid"]]
+                assert result.error and not result.devices  # an answer, not the kubelet's own timeout
+                errors = [e for f in unprepares for e in f.result().values()]  # every call was answered
+                assert time.monotonic() - start < deadline_s + 1
+                assert len(errors) == 2 * len(prepared) and all(errors)
+                assert any("deadline exceeded waiting for the node's device lock" in e for e in errors)
+            assert len(driver.checkpoint.claims) == len(prepared)  # nothing was changed
+            # the lock is free again: the retries succeed
+            assert kubelet.unprepare([ref(c) for c in prepared]) == {c["metadata"]["uid"]: "" for c in prepared}
+    finally:
+        server.stop(grace=0)
+
+
+def test_start_up_serves_while_another_process_holds_the_node_lock(tmp_path: Path) -> None:
+    node, first, c = _prepared(tmp_path)
+    first.close()
+    orphan = node.cdi_root / spec_file_name(DRIVER, "left-by-a-crash")  # recovery removes it
+    orphan.write_text("{}")
+    with node_lock_held(node):
+        started: list[Driver] = []
+        start = threading.Thread(target=lambda: started.append(node.driver(startup_lock_wait_s=0.5)), daemon=True)
+        start.start()
+        start.join(timeout=10)
+        assert started, "start-up still waits for the node's device lock"
+        (d,) = started
+        assert not d.recovered and orphan.exists()
+        uid = c["metadata"]["uid"]
+        error = d.unprepare([ref(c)], deadline=time.monotonic() + 1)[uid]
+        assert "deadline exceeded" in error
+    wait_until("start-up recovery, once the lock is free", lambda: d.recovered, timeout=10)
+    assert uid in d.checkpoint.claims and not orphan.exists()  # a prepared claim is kept, the orphan spec removed
+    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: ""}
+    d.close()

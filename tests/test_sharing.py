@@ -347,6 +347,11 @@ def _mps_raw(**mps_config: Any) -> dict[str, Any]:
         (_mps_raw(defaultPinnedDeviceMemoryLimit="2Ti"), ["defaultPinnedDeviceMemoryLimit", "'2Ti'", "1Mi", "1Ti"]),
         (_mps_raw(defaultPinnedDeviceMemoryLimit="-1Gi"), ["defaultPinnedDeviceMemoryLimit", "'-1Gi'", "1Ti"]),
         (_mps_raw(defaultPinnedDeviceMemoryLimit="1Ki"), ["defaultPinnedDeviceMemoryLimit", "'1Ki'", "1Mi"]),
+        # Kubernetes refuses a quantity with a trailing newline; "$" alone would accept it as 1Gi
+        (
+            _mps_raw(defaultPinnedDeviceMemoryLimit="1Gi\n"),
+            ["defaultPinnedDeviceMemoryLimit", "'1Gi\\n'", "quantities must match"],
+        ),
         # an exponent this large takes minutes and gigabytes to evaluate exactly: refused before evaluating
         (_mps_raw(defaultPinnedDeviceMemoryLimit="1e999999999"), ["defaultPinnedDeviceMemoryLimit", "1Ti"]),
         (_mps_raw(defaultPinnedDeviceMemoryLimit="1" * 100 + "Mi"), ["defaultPinnedDeviceMemoryLimit", "1Ti"]),

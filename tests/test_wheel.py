@@ -115,7 +115,7 @@ class Preparer:
         device = PreparedDevice(requests=["gpu"], pool="p", device="gpu-0", cdi_device_ids=[])
         return {c.uid: PrepareResult(devices=[device]) for c in claims}
 
-    def unprepare(self, claims):
+    def unprepare(self, claims, deadline=None):
         return {c.uid: "" for c in claims}
 
 

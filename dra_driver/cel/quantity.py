@@ -15,8 +15,8 @@ from typing import Final
 
 from dra_driver.cel.errors import EvalError
 
-_QUANTITY_RE: Final = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
-_BARE_SUFFIX_RE: Final = re.compile(r"^[+-]?([eEinumkKMGTP]+[-+]?[0-9]*)$")
+_QUANTITY_RE: Final = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)\Z")
+_BARE_SUFFIX_RE: Final = re.compile(r"^[+-]?([eEinumkKMGTP]+[-+]?[0-9]*)\Z")
 FORMAT_MESSAGE: Final = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 _DECIMAL: Final = {"": 0, "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}

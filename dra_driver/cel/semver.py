@@ -13,10 +13,10 @@ _NUM: Final = r"(?:0|[1-9][0-9]*)"
 _UINT64_MAX: Final = 2**64 - 1
 _PRE_ID: Final = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
 _STRICT: Final = re.compile(
-    rf"^({_NUM})\.({_NUM})\.({_NUM})(?:-({_PRE_ID}(?:\.{_PRE_ID})*))?(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$"
+    rf"^({_NUM})\.({_NUM})\.({_NUM})(?:-({_PRE_ID}(?:\.{_PRE_ID})*))?(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?\Z"
 )
 # k8s semverlib's normalisation: optional "v", missing minor/patch become 0, leading zeros are dropped.
-_LOOSE: Final = re.compile(r"^v?([0-9]+)(?:\.([0-9]+))?(?:\.([0-9]+))?([-+].*)?$")
+_LOOSE: Final = re.compile(r"^v?([0-9]+)(?:\.([0-9]+))?(?:\.([0-9]+))?([-+].*)?\Z")
 
 
 class Semver:
@@ -74,7 +74,7 @@ def _blang_error(text: str) -> str:
             return f"Invalid character(s) found in {label} number {go_quote(digits)}"
         if len(digits) > 1 and digits[0] == "0":
             return f"{label.capitalize()} number must not contain leading zeroes {go_quote(digits)}"
-    if re.search(r"-(\.|$)|\.\.|\.$", parts[2].split("+", 1)[0]) or parts[2].endswith("-"):
+    if re.search(r"-(\.|\Z)|\.\.|\.\Z", parts[2].split("+", 1)[0]) or parts[2].endswith("-"):
         return "Prerelease is empty"
     return f"invalid semver: {text!r} is not a strict semantic version (MAJOR.MINOR.PATCH)"
 

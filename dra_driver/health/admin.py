@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.health.monitor import HealthMonitor, Incident, UnknownDeviceError
-from dra_driver.plugin.socket_identity import SocketId, remove_own_socket, socket_id
+from dra_driver.plugin.socket_identity import (
+    DEFAULT_SOCKET_CHECK_INTERVAL_S,
+    SocketId,
+    SocketWatchdog,
+    place_socket,
+    remove_own_socket,
+    serve_again_if_gone,
+)
 from dra_driver.slices.naming import gpu_device_name
 
 log = logging.getLogger(__name__)
@@ -146,34 +153,58 @@ class HealthAdminServer:
     directory): as the gRPC server does for its sockets (`dra_driver.plugin.grpc.server`), the socket is bound
     under a private temporary name (random: the PID is 1 in every container) and renamed into place, so the newer
     daemon atomically takes the path over, and `stop()` removes the file only if it is still the one this server
-    bound (same device, inode and ctime), never the socket of the daemon that replaced it."""
+    bound (same device, inode and ctime), never the socket of the daemon that replaced it. Every
+    ``socket_check_interval_s`` (None: never) the socket is bound again if its file is gone, as the kubelet's
+    sockets are (`dra_driver.plugin.socket_identity.SocketWatchdog`)."""
 
-    def __init__(self, monitor: HealthMonitor, socket_path: Path) -> None:
+    def __init__(
+        self,
+        monitor: HealthMonitor,
+        socket_path: Path,
+        socket_check_interval_s: float | None = DEFAULT_SOCKET_CHECK_INTERVAL_S,
+    ) -> None:
         self.monitor = monitor
         self.socket_path = socket_path
+        self._socket_check_interval_s = socket_check_interval_s
+        self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._socket_id: SocketId | None = None
+        self._watchdog: SocketWatchdog | None = None
 
-    def start(self) -> None:
+    def _serve(self, *, replace: bool) -> None:
+        """Serve on the socket path: replacing a socket there, or without ``replace`` only if nothing is there
+        (FileExistsError). A server serving before (its socket deleted) stops; its open connections finish."""
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        # Bound under a temporary name, restricted, then renamed: never reachable with a wider mode.
+        # Bound under a temporary name, restricted, then moved: never reachable with a wider mode.
         tmp = self.socket_path.with_name(_tmp_name())
         server = _Server(str(tmp), self.monitor)
         try:
             os.chmod(tmp, 0o600)
-            os.replace(tmp, self.socket_path)
-            self._socket_id = socket_id(self.socket_path)  # after the rename: it changes the ctime
+            socket_id = place_socket(tmp, self.socket_path, replace=replace)
         except OSError:
             server.server_close()
             tmp.unlink(missing_ok=True)
             raise
-        self._server = server
+        self._stop_server()
+        self._server, self._socket_id = server, socket_id
         self._thread = threading.Thread(target=server.serve_forever, name="health-admin", daemon=True)
         self._thread.start()
         log.info("health admin endpoint on %s", self.socket_path)
 
-    def stop(self) -> None:
+    def start(self) -> None:
+        with self._lock:
+            self._serve(replace=True)
+            if self._socket_check_interval_s:
+                self._watchdog = SocketWatchdog("health-admin-watchdog", self._socket_check_interval_s, self._check)
+                self._watchdog.start()
+
+    def _check(self) -> None:
+        with self._lock:
+            if self._watchdog is not None and self._server is not None:
+                serve_again_if_gone(self.socket_path, "the health admin endpoint", lambda: self._serve(replace=False))
+
+    def _stop_server(self) -> None:
         if self._server is None:
             return
         self._server.shutdown()
@@ -181,8 +212,18 @@ class HealthAdminServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._server = None
-        ours, self._socket_id = self._socket_id, None
-        remove_own_socket(self.socket_path, ours)
+
+    def stop(self) -> None:
+        with self._lock:
+            watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.stop()
+        with self._lock:
+            if self._server is None:
+                return
+            self._stop_server()
+            ours, self._socket_id = self._socket_id, None
+            remove_own_socket(self.socket_path, ours)
 
 
 class AdminError(RuntimeError):

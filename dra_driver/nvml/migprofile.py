@@ -92,7 +92,7 @@ def profile_name(
     return f"{ci_slices}c.{base}"
 
 
-_PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb((?:\+me\.all|\+me|\+gfx|-me))?$")
+_PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb((?:\+me\.all|\+me|\+gfx|-me))?\Z")
 
 
 @dataclass(frozen=True)

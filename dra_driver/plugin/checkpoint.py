@@ -147,7 +147,9 @@ def _identity(path: str | Path) -> tuple[int, ...] | None:
 
 
 class Checkpoint:
-    def __init__(self, path: Path, boot_id: str) -> None:
+    def __init__(self, path: Path, boot_id: str, *, load: bool = True) -> None:
+        """Without `load`, empty until `refresh` reads the file (under the node lock: reading may complete an
+        interrupted save)."""
         self.path = path
         self.boot_id = boot_id
         self._seen: tuple[int, ...] | None = None
@@ -160,7 +162,7 @@ class Checkpoint:
         # as strings: pathlib's joins were a fifth of a write's CPU, at every state change under the node lock
         self._path = os.fspath(path)
         self._tmp = os.fspath(path.with_name(f".{path.name}.tmp"))
-        self.data = self._load()
+        self.data = self._load() if load else CheckpointData(boot_id=boot_id)
 
     def refresh(self) -> None:
         """Read the file again if another process (the other pod of a rolling update) replaced it since this one

@@ -37,7 +37,7 @@ _PINNED_RANGE: Final = "allowed: 1Mi to 1Ti"
 _QUANTITY_MAX_LENGTH: Final = 64
 # Within 64 characters, a non-zero mantissa is between 1e-63 and 1e64, so a decimal exponent beyond +-100 is out
 # of range whatever the digits; refused before parse_quantity evaluates 10**exponent exactly (minutes for 1e999999999)
-_EXPONENT: Final = re.compile(r"[eE]([-+]?[0-9]+)$")
+_EXPONENT: Final = re.compile(r"[eE]([-+]?[0-9]+)\Z")
 _EXPONENT_MAX: Final = 100
 
 

@@ -8,10 +8,13 @@ backwards from UnprepareStarted, destroying a MIG device only after checking it 
 instance ids are reused). A PrepareCompleted claim whose MIG device or CDI spec is gone is undone and prepared
 again, never answered as prepared. Each step is a named crash point (`crashpoints`) for the kill tests.
 Device changes are serialised by an in-process lock and a node-wide file lock (`<plugin dir>/pu.lock`, 0600), so
-two plugin processes (a rolling update) exclude each other. Only what reads or changes the node's device state
-(checkpoint, MIG, sharing, CDI files) runs under it: API reads, CEL selector re-checks, config resolution and a GPU's
-device nodes (`_check`: the claim, its classes, the catalog and /proc/devices) run before it, in parallel with other
-prepares. The checkpoint records a claim when the driver puts it, after each of its steps (`Checkpoint.put`).
+two plugin processes (a rolling update) exclude each other. A prepare or unprepare waits for them only until the
+kubelet's deadline; start-up reads the checkpoint and recovers under them too, and when another process holds them
+too long it serves anyway and leaves that to the first to get them (a background retry, or a prepare or unprepare).
+Only what reads or changes the node's device state (checkpoint, MIG, sharing, CDI files) runs under it: API reads,
+CEL selector re-checks, config resolution and a GPU's device nodes (`_check`: the claim, its classes, the catalog
+and /proc/devices) run before it, in parallel with other prepares. The checkpoint records a claim when the driver
+puts it, after each of its steps (`Checkpoint.put`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEn
 from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
 from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
-from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult, time_left
+from dra_driver.plugin.types import DEADLINE_MARGIN_S, ClaimRef, PreparedDevice, PrepareResult, time_left
 from dra_driver.sharing import (
     CommandRunner,
     DriverRootRunner,
@@ -76,6 +79,12 @@ class LockTimeout(PrepareError):
     """The node's device lock could not be had before the caller's deadline; nothing was changed."""
 
 
+# How long start-up waits for the node's device lock before it serves without it: recovery then runs in the
+# background, or in the first prepare or unprepare that gets the lock (another process may hold it for long)
+STARTUP_LOCK_WAIT_S = 10.0
+_RECOVERY_RETRY_S = 1.0
+
+
 def _flock(fd: int, deadline: float | None) -> None:
     """Exclusive flock, polled so that the wait ends at `deadline` (another process may hold it for long)."""
     if deadline is None:
@@ -91,6 +100,15 @@ def _flock(fd: int, deadline: float | None) -> None:
                     "deadline exceeded waiting for the node's device lock (held by another plugin process)"
                 ) from None
             time.sleep(0.01)
+
+
+def _late(deadline: float | None) -> bool:
+    """Whether the wait for the locks used up the time: an answer after the work would come too late."""
+    return deadline is not None and time_left(deadline) <= 0
+
+
+def _late_error(ref: ClaimRef, done: str) -> str:
+    return f"deadline exceeded before claim {ref.namespace}/{ref.name} could be {done}; nothing was changed"
 
 
 @dataclass(frozen=True)
@@ -134,6 +152,7 @@ class Driver:
         host_driver_root: Path | None = None,  # the same directory as the host sees it (default: driver_root)
         mps_launcher: MpsLauncher | None = None,  # None: MPS daemons as this process's children (LocalMps)
         shm: ShmMounter | None = None,  # the tmpfs on MPS shm directories; None: plain directories
+        startup_lock_wait_s: float = STARTUP_LOCK_WAIT_S,
     ) -> None:
         self.settings = settings
         self.lib = lib
@@ -154,12 +173,42 @@ class Driver:
         runner = sharing_runner or (DriverRootRunner(driver_root) if driver_root is not None else default_runner(lib))
         self.sharing = SharingManager(runner, settings.plugin_dir, mps=mps_launcher, shm=shm)
         self.lib.nvmlInit()  # one long-lived NVML session: handle lookups stay cheap
-        with self._locked():
-            self.checkpoint = Checkpoint(settings.plugin_dir / "checkpoint.json", boot_id)
-            self._recover()
+        # read, and start-up recovery run, by whoever takes the node lock first (`_locked`)
+        self.checkpoint = Checkpoint(settings.plugin_dir / "checkpoint.json", boot_id, load=False)
+        self._recovered = False
+        self._closed = threading.Event()
+        try:
+            with self._locked(time.monotonic() + DEADLINE_MARGIN_S + startup_lock_wait_s):
+                pass
+        except LockTimeout:
+            log.warning(
+                "the node's device lock %s is held by another process for more than %g s: serving without start-up "
+                "recovery for now; it runs once the lock is free, before any prepare or unprepare",
+                self._lock_path,
+                startup_lock_wait_s,
+            )
+            threading.Thread(target=self._recover_when_free, name="start-up-recovery", daemon=True).start()
 
     def close(self) -> None:
+        self._closed.set()
         self.lib.nvmlShutdown()
+
+    @property
+    def recovered(self) -> bool:
+        """Whether start-up recovery has run (it waits for the node's device lock)."""
+        return self._recovered
+
+    def _recover_when_free(self) -> None:
+        while not self._closed.is_set():
+            try:
+                with self._locked(time.monotonic() + DEADLINE_MARGIN_S + _RECOVERY_RETRY_S):
+                    log.info("start-up recovery done: the node's device lock was free again")
+                return
+            except LockTimeout:
+                continue
+            except Exception:  # retried by the next prepare or unprepare, which report it
+                log.exception("start-up recovery failed")
+                return
 
     def refresh_inventory(self, inventory: Inventory) -> bool:
         """Adopt a new discovery; True when the devices this node publishes changed (MIG instances that the
@@ -227,8 +276,10 @@ class Driver:
                 _flock(fd, deadline)
                 try:
                     # Another process (the other pod of a rolling update) may have changed the checkpoint.
-                    if hasattr(self, "checkpoint"):
-                        self.checkpoint.refresh()
+                    self.checkpoint.refresh()
+                    if not self._recovered:
+                        self._recover()
+                        self._recovered = True
                     yield
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_UN)
@@ -259,11 +310,8 @@ class Driver:
                 except (PrepareError, ConfigError, DevNodeError) as e:  # raised under the lock unless the claim is
                     checked = e  # prepared already
                 with self._locked(deadline):
-                    if read_timeout(deadline) <= 0:  # the wait for the lock used up the time: the answer would be late
-                        out[ref.uid] = PrepareResult(
-                            error=f"deadline exceeded before claim {ref.namespace}/{ref.name} could be prepared; "
-                            "nothing was changed"
-                        )
+                    if _late(deadline):
+                        out[ref.uid] = PrepareResult(error=_late_error(ref, "prepared"))
                         continue
                     out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, checked, deadline))
             except (PrepareError, ConfigError, MigError, DevNodeError, SharingError, OSError) as e:
@@ -495,16 +543,24 @@ class Driver:
         ]
 
     # ----- unprepare and recovery -------------------------------------------------------------------------
-    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
+        """`deadline` as for `prepare`: a claim whose turn at the node's device lock comes too late gets an error,
+        with nothing changed (the kubelet retries)."""
         self.calls += 1
         out: dict[str, str] = {}
         for ref in claims:
             try:
-                with self._locked():
+                with self._locked(deadline):
+                    if _late(deadline):
+                        out[ref.uid] = _late_error(ref, "unprepared")
+                        continue
                     entry = self.checkpoint.claims.get(ref.uid)
                     if entry is not None:  # unknown claim: nothing to do, success
                         self._teardown(entry)
                 out[ref.uid] = ""
+            except LockTimeout as e:
+                log.warning("unprepare %s (%s): %s", ref.name, ref.uid, e)
+                out[ref.uid] = f"unprepare {ref.namespace}/{ref.name}: {e}; nothing was changed"
             except Exception as e:  # one claim's failure, whatever it is, stays that claim's
                 log.warning("unprepare %s (%s) failed: %s", ref.name, ref.uid, e, exc_info=True)
                 out[ref.uid] = f"unprepare {ref.namespace}/{ref.name}: {type(e).__name__}: {e}"

@@ -49,6 +49,7 @@ class ClaimPreparer(Protocol):
         be prepared by then should get an error."""
         ...
 
-    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
-        """claim UID -> error message ("" on success)."""
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
+        """claim UID -> error message ("" on success). `deadline` as for `prepare`: a claim that cannot be
+        unprepared by then should get an error, with nothing changed for it."""
         ...

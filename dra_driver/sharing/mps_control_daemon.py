@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 CONTROL = "nvidia-cuda-mps-control"
 CLIENT_TIMEOUT_S = 10.0  # one control-pipe exchange
 POLL_S = 0.1
-_PINNED = re.compile(r"^[1-9][0-9]*[MG]$")
+_PINNED = re.compile(r"^[1-9][0-9]*[MG]\Z")
 
 
 class MpsDaemonError(SharingError):

@@ -55,9 +55,9 @@ DEFAULT_TIMEOUT_S = 120.0  # start or stop without a caller's deadline
 MIN_READ_S = 0.25  # a poll that would leave less than this for the next read reports what it saw instead
 API_TIMEOUT_S = 10.0
 POLL_S = 0.25
-_UID = re.compile(r"^[0-9a-z]([-0-9a-z]{0,34}[0-9a-z])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-_SAFE_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,252}$")
+_UID = re.compile(r"^[0-9a-z]([-0-9a-z]{0,34}[0-9a-z])?\Z")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
+_SAFE_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,252}\Z")
 _STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_RELATIME = 0x2, 0x4, 0x8, 0x200000
 MNT_DETACH = 0x2
 FALLBACK_SIZE = 64 << 20  # NVIDIA's fallback (65536k) when MemTotal cannot be read
-_SIZE = re.compile(r"^([1-9][0-9]*)(?:([kmgt])i?)?$", re.IGNORECASE)
+_SIZE = re.compile(r"^([1-9][0-9]*)(?:([kmgt])i?)?\Z", re.IGNORECASE)
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 

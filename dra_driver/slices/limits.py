@@ -60,7 +60,7 @@ POOL_NAME_MAX_LENGTH = 253
 DEVICE_NAME_MAX_LENGTH = 63  # a DNS label
 QUALIFIED_ID_MAX_LENGTH = 32
 
-_VERSION_RE = re.compile(r"^v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?$")
+_VERSION_RE = re.compile(r"^v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?\Z")
 
 
 def parse_minor(version: str) -> int:

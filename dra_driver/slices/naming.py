@@ -41,8 +41,8 @@ class MigRef:
     placement_start: int
 
 
-_GPU_RE = re.compile(r"^gpu-(\d+)$")
-_MIG_RE = re.compile(r"^gpu-(\d+)-mig-([a-z0-9][a-z0-9-]*?)-(\d+)-(\d+)$")
+_GPU_RE = re.compile(r"^gpu-(\d+)\Z")
+_MIG_RE = re.compile(r"^gpu-(\d+)-mig-([a-z0-9][a-z0-9-]*?)-(\d+)-(\d+)\Z")
 
 
 def parse_device_name(name: str) -> GpuRef | MigRef:

@@ -56,7 +56,14 @@ from dra_driver.plugin.grpc.metrics import PluginMetrics
 from dra_driver.plugin.grpc.resource_health import DEFAULT_MAX_STREAMS, DeviceHealthSource, ResourceHealthServicer
 from dra_driver.plugin.grpc.service import DRA_SERVICE, REGISTRATION_SERVICE, DRAService, RegistrationService
 from dra_driver.plugin.grpc.service import RegistrationStatus as RegistrationStatus
-from dra_driver.plugin.socket_identity import SocketId, remove_own_socket, socket_id
+from dra_driver.plugin.socket_identity import DEFAULT_SOCKET_CHECK_INTERVAL_S as DEFAULT_SOCKET_CHECK_INTERVAL_S
+from dra_driver.plugin.socket_identity import (
+    SocketId,
+    SocketWatchdog,
+    place_socket,
+    remove_own_socket,
+    serve_again_if_gone,
+)
 from dra_driver.plugin.types import ClaimPreparer
 
 log = logging.getLogger(__name__)
@@ -65,7 +72,7 @@ DEFAULT_PLUGIN_SOCKET = "dra.sock"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 RESERVED_WORKERS = 2  # server threads prepares never take: for unprepares and health checks
-DEFAULT_SOCKET_CHECK_INTERVAL_S = 5.0
+HEALTH_WORKERS = 1  # server threads neither prepares nor unprepares take: the liveness probe's health checks
 
 
 _umask_lock = threading.Lock()
@@ -151,9 +158,11 @@ class PluginServer:
     ``on_registration`` is called with every status the kubelet reports.
     At most ``max_workers - RESERVED_WORKERS`` prepare calls run at once (at least one): more are refused at once
     (waiting would hold a thread too), so that prepares stalled on the API server never leave an unprepare without a
-    thread. ``device_health`` (None: not served) is what ``v1alpha1.DRAResourceHealth`` streams to the kubelet; call
-    :meth:`device_health_changed` when it changes. At most ``max_health_streams`` streams are served at once, and as
-    each holds a server thread for its life, that many more threads are kept from the prepares. Every
+    thread; prepares and unprepares together take at most ``max_workers - HEALTH_WORKERS``, so that the health
+    checks are answered while they all wait for the node's device lock. ``device_health`` (None: not served) is
+    what ``v1alpha1.DRAResourceHealth`` streams to the kubelet; call :meth:`device_health_changed` when it changes.
+    At most ``max_health_streams`` streams are served at once, and as each holds a server thread for its life, that
+    many more threads are kept from the prepares and unprepares. Every
     ``socket_check_interval_s`` (None: never) a socket file that is gone is bound again (the kubelet
     registers the plugin again when the registration socket reappears).
     """
@@ -215,6 +224,7 @@ class PluginServer:
             self._metrics,
             serialize=serialize,
             max_concurrent_prepares=max(1, max_workers - RESERVED_WORKERS - stream_workers),
+            max_concurrent_calls=max(1, max_workers - HEALTH_WORKERS - stream_workers),
         )
         self._dra_modules = (pb.dra_v1, pb.dra_v1beta1)
         self._registration = RegistrationService(
@@ -239,8 +249,7 @@ class PluginServer:
         self._reg_server: grpc.Server | None = None
         self._handlers: dict[Path, list[grpc.GenericRpcHandler]] = {}
         self._socket_ids: dict[Path, SocketId | None] = {}  # what we bound, to remove only that
-        self._watchdog: threading.Thread | None = None
-        self._watchdog_stop = threading.Event()
+        self._watchdog: SocketWatchdog | None = None
 
     # -- properties
 
@@ -319,12 +328,7 @@ class PluginServer:
                 raise OSError(f"cannot listen on {tmp}")
             os.chmod(tmp, self._socket_mode)
             server.start()
-            if replace:
-                os.replace(tmp, path)
-            else:
-                os.link(tmp, path)  # fails if the path exists
-                tmp.unlink()
-            self._socket_ids[path] = socket_id(path)
+            self._socket_ids[path] = place_socket(tmp, path, replace=replace)
         except BaseException:
             server.stop(None)
             with contextlib.suppress(OSError):
@@ -355,22 +359,15 @@ class PluginServer:
                 self._stop_locked(0)
                 raise
             if self._socket_check_interval_s:
-                self._watchdog_stop = threading.Event()
-                self._watchdog = threading.Thread(
-                    target=self._watch,
-                    args=(self._watchdog_stop, self._socket_check_interval_s),
-                    name="dra-socket-watchdog",
-                    daemon=True,
-                )
+                self._watchdog = SocketWatchdog("dra-socket-watchdog", self._socket_check_interval_s, self._check)
                 self._watchdog.start()
 
     def stop(self, grace: float | None = None) -> None:
         """Stop the registrar, then the DRA server, and remove both socket files (if still ours). Idempotent."""
         with self._lock:
-            self._watchdog_stop.set()
             watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None and watchdog is not threading.current_thread():
-            watchdog.join()
+        if watchdog is not None:
+            watchdog.stop()
         with self._lock:
             self._stop_locked(self._grace_period_s if grace is None else grace)
 
@@ -419,30 +416,20 @@ class PluginServer:
 
     # -- socket watchdog
 
-    def _watch(self, stop: threading.Event, interval: float) -> None:
-        while not stop.wait(interval):
-            with self._lock:
-                if stop.is_set():
-                    return
-                try:
-                    self._restore_sockets_locked()
-                except Exception:
-                    log.exception("checking the plugin's sockets failed")
-
-    def _restore_sockets_locked(self) -> None:
+    def _check(self) -> None:
         """Bind a socket whose file is gone again, the DRA socket first (the registrar advertises it). A path that
         exists is left alone: our socket, or another instance's, which serves it now."""
-        if self._dra_server is not None and socket_id(self._dra_socket) is None:
-            self._dra_server = self._rebind(self._dra_socket, "dra", self._dra_server)
-        if self._reg_server is not None and socket_id(self._reg_socket) is None:
-            self._reg_server = self._rebind(self._reg_socket, "registration", self._reg_server)
+        with self._lock:
+            if self._watchdog is None:  # stopping
+                return
+            if self._dra_server is not None:
+                self._dra_server = self._rebind(self._dra_socket, "dra", self._dra_server)
+            if self._reg_server is not None:
+                self._reg_server = self._rebind(self._reg_socket, "registration", self._reg_server)
 
     def _rebind(self, path: Path, name: str, old: grpc.Server) -> grpc.Server:
-        log.warning("%s was removed: serving %s on it again", path, name)
-        try:
-            server = self._serve(path, self._handlers[path], name, replace=False)
-        except FileExistsError:
-            log.info("%s was created meanwhile by another instance: leaving it", path)
+        server = serve_again_if_gone(path, name, lambda: self._serve(path, self._handlers[path], name, replace=False))
+        if server is None:
             return old
         old.stop(self._grace_period_s)  # in the background: calls on its connections finish, clients reconnect
         return server

@@ -9,7 +9,6 @@ RPC, so the kubelet retries just those claims.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -89,7 +88,9 @@ class DRAService:
     ``serialize`` (default, like the Go kubeletplugin helper) lets only one prepare or unprepare call run at a time;
     a call gives up waiting for it at its deadline. ``max_concurrent_prepares`` bounds the prepare calls in progress:
     one more is refused at once (a waiting call would hold a server thread too), so that prepares stalled on the
-    API server never take every thread and unprepares, which need no API, still run.
+    API server never take every thread and unprepares, which need no API, still run. ``max_concurrent_calls`` bounds
+    prepares and unprepares together in the same way, so that calls waiting for the node's device lock (held by
+    another process) never take the thread the health checks need.
     """
 
     def __init__(
@@ -98,12 +99,15 @@ class DRAService:
         metrics: PluginMetrics,
         serialize: bool = True,
         max_concurrent_prepares: int | None = None,
+        max_concurrent_calls: int | None = None,
     ) -> None:
         self._preparer = preparer
         self._metrics = metrics
         self._lock = threading.Lock() if serialize else None
         self._max_prepares = max_concurrent_prepares
         self._prepare_slots = threading.BoundedSemaphore(max_concurrent_prepares) if max_concurrent_prepares else None
+        self._max_calls = max_concurrent_calls
+        self._call_slots = threading.BoundedSemaphore(max_concurrent_calls) if max_concurrent_calls else None
 
     @staticmethod
     def _claims(request: Any) -> list[ClaimRef]:
@@ -120,24 +124,34 @@ class DRAService:
         self,
         method: str,
         verb: str,
-        fn: Callable[[list[ClaimRef]], T],
+        fn: Callable[[list[ClaimRef], float | None], T],
         claims: list[ClaimRef],
         deadline: float | None = None,
     ) -> tuple[T | None, str]:
         """The preparer's answer, or the failure text every claim gets when it raised (never a crashed RPC)."""
-        wait_s = -1.0 if deadline is None else max(0.0, time_left(deadline))
-        if self._lock is not None and not self._lock.acquire(timeout=wait_s):
-            self._metrics.error(method, ERROR_DEADLINE, len(claims))
-            return None, f"{verb} not started: deadline exceeded waiting for another prepare or unprepare to finish"
+        if self._call_slots is not None and not self._call_slots.acquire(blocking=False):
+            self._metrics.error(method, ERROR_BUSY, len(claims))
+            return None, (
+                f"{verb} refused: {self._max_calls} prepares and unprepares are in progress, the other gRPC workers "
+                "are kept for health checks (the kubelet retries)"
+            )
         try:
-            return fn(claims), ""
-        except Exception as exc:
-            log.exception("%s of claims %s failed", verb, [c.uid for c in claims])
-            self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
-            return None, f"{verb} failed: {_exception_text(exc)}"
+            wait_s = -1.0 if deadline is None else max(0.0, time_left(deadline))
+            if self._lock is not None and not self._lock.acquire(timeout=wait_s):
+                self._metrics.error(method, ERROR_DEADLINE, len(claims))
+                return None, f"{verb} not started: deadline exceeded waiting for another prepare or unprepare to finish"
+            try:
+                return fn(claims, deadline), ""
+            except Exception as exc:
+                log.exception("%s of claims %s failed", verb, [c.uid for c in claims])
+                self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
+                return None, f"{verb} failed: {_exception_text(exc)}"
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
         finally:
-            if self._lock is not None:
-                self._lock.release()
+            if self._call_slots is not None:
+                self._call_slots.release()
 
     def _prepare_claims(
         self, method: str, claims: list[ClaimRef], deadline: float | None
@@ -149,8 +163,7 @@ class DRAService:
                 "for unprepares (the kubelet retries)"
             )
         try:
-            prepare = functools.partial(self._preparer.prepare, deadline=deadline)
-            return self._call(method, "prepare", prepare, claims, deadline)
+            return self._call(method, "prepare", self._preparer.prepare, claims, deadline)
         finally:
             if self._prepare_slots is not None:
                 self._prepare_slots.release()

@@ -29,7 +29,7 @@ SOCKET_NAME, PID_FILE, LOG_FILE = "control", "nvidia-cuda-mps-control.pid", "con
 ALREADY_RUNNING = "An instance of this daemon is already running"
 REPLY_TIMEOUT_S = 10.0  # a client that connects and sends nothing holds the daemon this long at most
 POLL_S = 0.2  # how soon the daemon notices a signal or its pipe directory gone
-_PINNED = re.compile(r"^[1-9][0-9]*[MG]$")
+_PINNED = re.compile(r"^[1-9][0-9]*[MG]\Z")
 _MAX_COMMAND = 4096
 
 
