@@ -49,21 +49,32 @@ def test_a_request_policy_without_multiple_allocations_is_refused(sim_factory, m
         build_slices(discover(sim, sim.sysfs_root), node_name="n", mode=PublishMode.GPUS)
 
 
-def test_claims_share_a_gpu_and_each_is_prepared(tmp_path: Path) -> None:
+def _shared_node(tmp_path: Path, replicas: int | None = None) -> tuple[Node, list[dict]]:
+    """A simulated dgx-h100 node and its shared-mode slices."""
     node = Node(tmp_path)
     sim = node.sim
     sim.nvmlInit()
     slices = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name="node-a",
-                                               mode=PublishMode.SHARED)]  # fmt: skip
-    claims = [_claim("a", "40Gi"), _claim("b", "30Gi"), _claim("c", "20Gi")]
+                                               mode=PublishMode.SHARED, replicas=replicas)]  # fmt: skip
+    return node, slices
+
+
+def _allocate(node: Node, slices: list[dict], claims: list[dict]) -> list[dict]:
+    """The claims allocated by our allocator on the node's slices, added to the node: each claim's first result."""
     report = simulate(slices, [GPU_CLASS], claims, node="node-a")
-    results = [o.allocation["devices"]["results"][0] for o in report.outcomes if o.allocation]
-    assert len(results) == 3
-    assert results[0]["device"] == results[1]["device"] != results[2]["device"]  # 40+30 fit one GPU, +20 does not
-    assert all(r.get("shareID") for r in results)
     for c, o in zip(claims, report.outcomes, strict=True):
         c["status"] = {"allocation": o.allocation}
     node.add(*claims)
+    return [o.allocation["devices"]["results"][0] for o in report.outcomes if o.allocation]
+
+
+def test_claims_share_a_gpu_and_each_is_prepared(tmp_path: Path) -> None:
+    node, slices = _shared_node(tmp_path)
+    claims = [_claim("a", "40Gi"), _claim("b", "30Gi"), _claim("c", "20Gi")]
+    results = _allocate(node, slices, claims)
+    assert len(results) == 3
+    assert results[0]["device"] == results[1]["device"] != results[2]["device"]  # 40+30 fit one GPU, +20 does not
+    assert all(r.get("shareID") for r in results)
     d = node.driver(mode=PublishMode.SHARED)
     out = d.prepare([ref(c) for c in claims])
     assert all(r.error == "" for r in out.values()), out
@@ -137,18 +148,10 @@ def test_replicas_publish_shares_and_take_no_memory_unless_asked(sim_factory) ->
 def test_replicas_put_that_many_claims_on_a_gpu_each_prepared(tmp_path: Path) -> None:
     """As the device plugin's `replicas: 4`: four claims that ask for nothing share the first GPU, the fifth goes
     to the next one; a claim may still ask for memory, kept within the GPU's."""
-    node = Node(tmp_path)
-    sim = node.sim
-    sim.nvmlInit()
-    slices = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name="node-a",
-                                               mode=PublishMode.SHARED, replicas=4)]  # fmt: skip
+    node, slices = _shared_node(tmp_path, replicas=4)
     claims = [_claim(f"r{i}", None) for i in range(5)]
-    report = simulate(slices, [GPU_CLASS], claims, node="node-a")
-    devices = [o.allocation["devices"]["results"][0]["device"] for o in report.outcomes if o.allocation]
+    devices = [r["device"] for r in _allocate(node, slices, claims)]
     assert devices == ["gpu-0"] * 4 + ["gpu-1"], devices
-    for c, o in zip(claims, report.outcomes, strict=True):
-        c["status"] = {"allocation": o.allocation}
-    node.add(*claims)
     d = node.driver(mode=PublishMode.SHARED)
     out = d.prepare([ref(c) for c in claims])
     assert all(r.error == "" for r in out.values()), out
