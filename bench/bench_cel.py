@@ -140,7 +140,7 @@ def main() -> None:
     )
     print(f"Go evaluator: {binary or 'unavailable (no Go toolchain): Go columns are blank'}")
     print("cold = convert the device + evaluate, no memo; Go has no memo: 'memo/Go' divides our memoised rate by Go's")
-    print("cold rate; 'Go/ours cold' is how many times slower our cold evaluation is (issue 13: at most 2).")
+    print("cold rate; 'Go/ours cold' is how many times slower our cold evaluation is (the aim: at most 2).")
     header = (
         f"{'selector':<16} {'compile ms':>10} {'cold evals/s':>12} {'Go cold/s':>10} {'Go/ours cold':>12}"
         f" {'memo evals/s':>12} {'memo/Go':>8} {'distinct':>8} {'matched':>7}"

@@ -1,17 +1,19 @@
 """Read-only discovery on a machine with a real NVIDIA GPU, compared with the simulator's data files.
 
-Runs the production discovery over the real pynvml backend, prints the inventory and the ResourceSlices
-it would publish, then compares every MIG profile the GPU reports (id, name, slices, instance count,
-placements, engines, memory) and the device facts with the simulator's data file for that product, and
-prints each difference. It only calls NVML *Get* functions: no MIG mode change, no instance creation, no
-reset. Exit status 0 when the data file matches, 1 when it differs, 2 when discovery failed.
+Runs the production discovery over the real pynvml backend, prints the inventory and how many devices its
+ResourceSlices hold in the full (partitionable) layout for Kubernetes 1.34 and 1.35, then compares every MIG profile
+the GPU reports (id, name, slices, instance count, placements, engines, memory) and the device facts with the
+simulator's data file for that product, and prints each difference. It only calls NVML *Get* functions: no MIG mode
+change, no instance creation, no reset. Exit status 0 when the data file matches, 1 when it differs, 2 when discovery
+failed. `--out DIR` writes inventory.json and slices.json (those of the last version that fits).
 
-On the device machine (no pydantic there), carry wheels as the device README says:
-  echo /.whl/ >> .git/info/exclude
+Run it from a checkout, with the package's runtime dependencies importable (nvidia-ml-py, pydantic, PyYAML):
+  python3 scripts/device_check.py --out DIR
+Where pip cannot reach an index there, download the missing wheels elsewhere for its Python and platform, e.g.
   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_17_x86_64 -d .whl pydantic pydantic-core annotated-types typing-inspection
-and run: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-         PYTHONPATH=/tmp/site:. python3 scripts/device_check.py --out "$OUT"
+carry them, and run: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
+                     PYTHONPATH=/tmp/site python3 scripts/device_check.py --out DIR
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Start node daemons fast: a process that has imported the daemon's modules once forks one child per daemon.
 
-A daemon start costs about 2.4 s of CPU on the 2-core CI machine, half of it imports (the Kubernetes client,
-pydantic models, gRPC). The crash tests start a daemon well over a hundred times, so they fork it from this
-"zygote" instead: the child is a separate process that runs exactly `dra-driver <argv>` (`dra_driver.cli.main`)
-with its own environment, log file and pid, and dies by SIGKILL like any other; only the imports are shared.
+Much of a daemon's start is imports (pydantic models, gRPC, the generated protobuf modules). The crash tests start a
+daemon well over a hundred times, so they fork it from this "zygote" instead: the child is a separate process that runs
+exactly `dra-driver <argv>` (`dra_driver.cli.main`) with its own environment, log file and pid, and dies by SIGKILL like
+any other; only the imports are shared.
 
 Run as `python tests/daemon_zygote.py` (the `Zygote` class does); it speaks one JSON object a line on stdin/stdout:
 {"op": "spawn", "argv": [...], "env": {...}, "log": path, "cwd": path} -> {"pid": n};
@@ -37,8 +37,6 @@ def die_with_parent() -> None:
 
 def preload() -> None:
     """Import what `dra-driver plugin` imports (only that: module-level side effects stay those of a daemon)."""
-    from kubernetes import watch  # noqa: F401
-
     import dra_driver.cli
     import dra_driver.controller.publisher
     import dra_driver.daemon
@@ -50,10 +48,6 @@ def preload() -> None:
     from dra_driver.plugin.grpc import protos
 
     protos.load()
-    from kubernetes import client
-
-    for api in ("CoreV1Api", "CustomObjectsApi", "VersionApi"):  # imported lazily by kubernetes.client
-        getattr(client, api)
 
 
 def _child(request: dict[str, Any]) -> None:
@@ -127,7 +121,7 @@ def serve() -> None:
 
 
 class Zygote:
-    """The client: starts `python -m tests.daemon_zygote` and forks daemons through it."""
+    """The client: starts `python tests/daemon_zygote.py` and forks daemons through it."""
 
     def __init__(self, driver_root: Path) -> None:
         """`driver_root`: the directory whose `dra_driver` package the daemons run."""

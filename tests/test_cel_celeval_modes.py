@@ -1,5 +1,5 @@
 """tools/celeval's reference modes beyond the default verdicts: `-estimate` (the API server's compile-time cost
-check of a new selector, the reference for issue 13's estimated cost) and `-bench` (Kubernetes' cold evaluation time,
+check of a new selector, the reference for our estimated cost) and `-bench` (Kubernetes' cold evaluation time,
 read by bench/bench_cel.py). Skipped without Go unless DRA_K8S_REQUIRE=1, like the differential suite."""
 
 from __future__ import annotations

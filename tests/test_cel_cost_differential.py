@@ -2,7 +2,7 @@
 tools/celeval reports for the same evaluation (cel-go's tracker with Kubernetes' estimator, as the scheduler runs it).
 The cost decides where CELSelectorExpressionMaxCost stops an evaluation, so it must be Kubernetes' to the unit.
 
-Two sets: tests/cel_corpus/cost.py (issue 13's cost gaps, macros over ranges and maps, and every rule of the
+Two sets: tests/cel_corpus/cost.py (macros over ranges and maps, and every rule of the
 tracker), where every case must agree on the outcome and the cost; and the
 differential suite's corpora (hand-written and generated), where every true/false evaluation must cost the same,
 except an expression whose Kubernetes cost depends on its random map order (counted and left out). Skipped without Go

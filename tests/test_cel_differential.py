@@ -1,10 +1,10 @@
 """Our CEL (`dra_driver.cel`) against Kubernetes' own DRA CEL (tools/celeval, k8s.io/dynamic-resource-allocation/cel
-at the pinned version, compiled and evaluated as the kube-scheduler does): issue 13's differential harness.
+at the pinned version, compiled and evaluated as the kube-scheduler does).
 
 The hand-written corpus (tests/cel_corpus/handwritten.py) and a seeded generator (tests/cel_corpus/generator.py) run
 through both; a case agrees when both give the same outcome (true, false, compile error, runtime error). The figures,
 per category, and every disagreement class with one example are printed. The baselines are ratchets: the test fails
-when we get worse, and issue 13's later steps raise them to 1.0. Skipped without Go unless DRA_K8S_REQUIRE=1.
+when we get worse. Skipped without Go unless DRA_K8S_REQUIRE=1.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ REQUIRE = os.environ.get("DRA_K8S_REQUIRE") == "1"
 SEED: Final = 13
 GENERATED: Final = 3000
 
-# Measured against Kubernetes 1.36.3 (issue 13, step 1); raise them as the divergences get fixed, never lower them.
-BASELINE_HANDWRITTEN: Final = 1.0  # 952/952 (was 514/667)
-BASELINE_GENERATED: Final = 1.0  # 3000/3000 (was 2092/3000)
+# Agreement with Kubernetes 1.36.3; never lower them.
+BASELINE_HANDWRITTEN: Final = 1.0
+BASELINE_GENERATED: Final = 1.0
 
 
 @pytest.fixture(scope="module")

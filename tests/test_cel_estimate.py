@@ -1,6 +1,6 @@
 """The API server's estimated cost of a new selector (`dra_driver.cel.estimate`) against Kubernetes' own: tools/celeval
 -estimate compiles as validateCELSelector does (NewExpressions environment, cel-go's cost estimator with Kubernetes'
-estimators) and answers ok / compile_error / too_complex with the estimated max cost. Issue 13, step "estimated cost".
+estimators) and answers ok / compile_error / too_complex with the estimated max cost.
 
 Every expression must get Kubernetes' outcome, and its max cost whenever it compiles (too complex included). Three
 corpora: the differential suite's hand-written selectors, tests/cel_corpus/estimate.py (the estimator's own corners,

@@ -55,7 +55,7 @@ def test_inventory_yaml_is_a_stream_of_slices(tmp_path: Path) -> None:
 
 
 def test_the_default_mode_publishes_whole_gpus_and_existing_mig_devices(tmp_path: Path) -> None:
-    """static, for the scheduler's sake (README "ResourceSlices"); MIG partitions on demand are opt-in."""
+    """static, for the scheduler's sake (docs/resourceslices.md); MIG partitions on demand are opt-in."""
     out = _run("inventory", "--sim", "dgx-h100", "--k8s-version", "1.36", "-o", "json", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
     items = json.loads(out.stdout)["items"]

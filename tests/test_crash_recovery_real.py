@@ -7,9 +7,9 @@ per step:n with the daemon armed to kill itself there. The summary table is prin
 terminal summary and written to `<tmp>/dra-crash-recovery/summary.txt`. DRA_CRASH_SCENARIOS=mig,recover/mps
 runs only the named scenarios (while debugging; the coverage assertion is skipped then). The scenarios are shared
 out to DRA_CRASH_WORKERS (default 2) nodes, each with its own daemon, crashed in parallel. The daemons are forked
-from a process that imported the daemon's modules once (tests/daemon_zygote.py: 0.8 s to serve instead of 2.5);
+from a process that imported the daemon's modules once (tests/daemon_zygote.py), so they serve sooner;
 DRA_CRASH_NO_ZYGOTE=1 starts each as `python -m dra_driver plugin` instead. DRA_CRASH_DRIVER_ROOT=<dir> runs the
-daemon from another copy of the package (to check that the test catches the bugs of an older driver).
+daemon from another copy of the package (to check that the test catches a driver's bugs).
 """
 
 from __future__ import annotations

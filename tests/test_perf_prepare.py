@@ -1,4 +1,4 @@
-"""Issue 15 line 4: prepares read DeviceClasses from a watch, and hold the device lock only for device changes."""
+"""Prepares read DeviceClasses from a watch, and hold the device lock only for device changes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 15 line 4: what the daemon imports before it serves the kubelet, and that it never imports the official
+"""What the daemon imports before it serves the kubelet, and that it never imports the official
 Kubernetes client (timings are not asserted: structure is)."""
 
 from __future__ import annotations

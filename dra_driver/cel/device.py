@@ -73,7 +73,7 @@ class CelDevice(BaseModel):
     @cached_property
     def cel_parts(self) -> tuple[Device, dict[str, dict[str, dict[str, Any]]]]:
         """The CEL value and the raw index the memo keys read. The index is built only here, on the memoised path:
-        a cold evaluation (the one Kubernetes does every time, issue 13's 2x budget) needs only the value."""
+        a cold evaluation (the one Kubernetes does every time) needs only the value."""
         device = self.converted  # first: an invalid attribute raises the conversion's error
         return device, _raw_index(self)
 
@@ -122,7 +122,7 @@ def _version(text: str) -> Any:
 
 
 def _convert(dev: CelDevice) -> Device:
-    """The hot path of a cold evaluation (issue 13: within 2x of Go's), hence the inlined fast case: an attribute
+    """The hot path of a cold evaluation (aimed within 2x of Go's), hence the inlined fast case: an attribute
     with exactly one scalar field of the exact type, which is every attribute a driver normally publishes. Anything
     else takes `_attribute_value`, the general rule."""
     driver = dev.driver

@@ -1,4 +1,4 @@
-"""Choosing the NVML backend: the real library or a named simulated machine. The only place that knows."""
+"""Choosing the NVML backend: the real library or a named simulated machine."""
 
 from __future__ import annotations
 

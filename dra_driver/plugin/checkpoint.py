@@ -35,8 +35,7 @@ from dra_driver.nvml.mig import LiveMig
 
 log = logging.getLogger(__name__)
 
-# 2: UnprepareStarted and `released`. Version 1 files read as they are (their states mean the same).
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 2  # of the file's format: a newer one is refused
 FILE_MODE = 0o600  # claim names, namespaces and device ids are nobody else's business
 
 
@@ -101,7 +100,7 @@ def _decode(path: Path, raw: bytes) -> Any:
     """The checked "data" of a checkpoint file's bytes."""
     try:
         doc = json.loads(raw)
-        stored, data, version = doc["checksum"], doc["data"], doc.get("version", 1)
+        stored, data, version = doc["checksum"], doc["data"], doc["version"]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointCorruptError(f"checkpoint {path} is not a valid checkpoint file: {e}") from e
     if not isinstance(version, int) or version > CHECKPOINT_VERSION:
@@ -213,8 +212,6 @@ class Checkpoint:
         if not self.path.exists():
             return CheckpointData(boot_id=self.boot_id)
         raw = self.path.read_bytes()
-        if self.path.stat().st_mode & 0o077:  # written by an older driver, world-readable
-            os.chmod(self.path, FILE_MODE)
         data = _decode(self.path, raw)
         try:
             parsed = CheckpointData.model_validate(data)

@@ -269,7 +269,6 @@ class Driver:
         # 0600: anyone who can open the lock file can take it and stall every prepare on the node.
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            os.fchmod(fd, 0o600)  # an older driver created it 0644
             if not self._thread_lock.acquire(timeout=-1 if deadline is None else max(0.0, time_left(deadline))):
                 raise LockTimeout("deadline exceeded waiting for another prepare or unprepare on this node")
             try:

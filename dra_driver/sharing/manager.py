@@ -19,8 +19,7 @@ whole GPU never overwrite or undo each other's settings (conflicts.py): the call
 claims. Devices prepared with admin access share a device another claim prepared: their sharing config is ignored.
 
 Records: {"strategy": "TimeSlicing", "gpuUuid", "interval", "computeMode", "applied"} and {"strategy": "MPS",
-"dir", "uuid", "applied"}, with "gpuUuid" and "computeMode" for a whole GPU. A record without "computeMode"
-(written by an older driver) only has its time slice reset.
+"dir", "uuid", "applied"}, with "gpuUuid" and "computeMode" for a whole GPU.
 """
 
 from __future__ import annotations
@@ -207,8 +206,6 @@ class SharingManager:
         held = list(others)
         shared: list[dict[str, Any]] = [r.sharing for r in records if r.sharing]
         directories = {Path(s["dir"]) for s in shared if s.get("strategy") == "MPS" and s.get("dir")}
-        if self.mps_dir(claim_uid).exists():  # no record says MPS (an older driver's): its directory does
-            directories.add(self.mps_dir(claim_uid))
         for directory in sorted(directories):  # a failure here leaves the compute modes to the retried unprepare
             self._stop_mps(claim_uid, directory)
         failures: list[str] = []

@@ -701,8 +701,8 @@ class SimulatedNvml:
             return missing
         raise AttributeError(name)
 
-    # ===== telemetry (issue 7) ========================================================================
-    # Added as one block at the end of the class. Utilisation, temperature, power and ECC counters read
+    # ===== telemetry ==================================================================================
+    # Utilisation, temperature, power and ECC counters read
     # the per-GPU values of `dra_driver.simulator.telemetry` (a file next to the NVML state that tests set
     # from outside); nvmlDeviceGetMemoryInfo above serves memory for GPUs and MIG devices alike. MIG device
     # handles support none of these four, as on real GPUs.
@@ -766,7 +766,7 @@ class SimulatedNvml:
             return int(t.ecc_corrected if corrected else t.ecc_uncorrected)
         return int(t.ecc_corrected_aggregate if corrected else t.ecc_uncorrected_aggregate)
 
-    # ===== end of telemetry (issue 7) =================================================================
+    # ===== end of telemetry ===========================================================================
 
     # ===== compute mode (sharing) =====================================================================
     # Kept with the simulated driver tools' time slices and MPS daemons (dra_driver.simulator.tools.state), so

@@ -34,7 +34,7 @@ class PublishMode(StrEnum):
 
 
 # The daemon's and the chart's default. MIG partitions carved on demand cost the kube-scheduler two orders of
-# magnitude of throughput on a 100-node cluster (bench/bench_scheduler.py; README "ResourceSlices"), so they are
+# magnitude of throughput on a 100-node cluster (bench/bench_scheduler.py; docs/resourceslices.md), so they are
 # opt-in, as NVIDIA's DynamicMIG is; static publishes whole GPUs and the MIG devices an admin created.
 DEFAULT_MODE: Final = PublishMode.STATIC
 

@@ -1,8 +1,8 @@
 """Selectors for the runtime-cost differential test (tests/test_cel_cost_differential.py): what cel-go's cost tracker
-charges differently from a plain count of operations. Issue 13's cost gaps (macros over `lists.range(n)` and over
-maps, nested) and their neighbours, then the other rules: attributes and qualifiers, relative attributes,
-conditional branches, presence tests and optional qualifiers, size-dependent function costs, constant folding,
-calls left without an overload id, failed arguments.
+charges differently from a plain count of operations. Macros over `lists.range(n)` and over maps, nested, and their
+neighbours, then the other rules: attributes and qualifiers, relative attributes, conditional branches, presence tests
+and optional qualifiers, size-dependent function costs, constant folding, calls left without an overload id, failed
+arguments.
 
 Kubernetes iterates maps in random order, so a quantifier over a map here never decides before its last entry: its
 cost does not depend on the order. Ranges stay well below the size where cel-go's own evaluation of a macro becomes
@@ -35,7 +35,7 @@ DEVICE: Final = {
 }
 
 COST_CASES: Final[list[tuple[str, str]]] = [
-    # issue 13: macros over lists.range(n)
+    # macros over lists.range(n)
     ("range", "lists.range(10).all(x, x >= 0)"),
     ("range", "lists.range(1000).all(x, x >= 0)"),
     ("range", "lists.range(10000).all(x, x >= 0)"),

@@ -276,7 +276,7 @@ def _format_atom(rng: random.Random, ctx: Ctx) -> str:
 
 
 def _more_libs_atom(rng: random.Random, ctx: Ctx) -> str:
-    """Libraries of the 1.36 environment that issue 13 lists as missing: IP/CIDR, URL, time."""
+    """Libraries of the 1.36 environment beyond the base atoms: IP/CIDR, URL, time."""
     ip = rng.choice(("10.0.0.1", "::1", "192.168.1.300", "fe80::1%eth0", "1.2.3.4"))
     return rng.choice(
         (

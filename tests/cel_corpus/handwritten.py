@@ -1,7 +1,7 @@
-"""Hand-written selectors: every example of issue 13's "Where it differs" list, then ordinary GPU selectors per library.
+"""Hand-written selectors: where an interpreter most easily differs from cel-go, then ordinary GPU selectors by library.
 
 A case is (category, expression) or (category, expression, device names); it runs against `DEFAULT_DEVICES` unless
-it names its own. Categories starting with `issue-` are the issue's examples.
+it names its own. Categories starting with `issue-` are the cases where an interpreter most easily differs.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ ORDINARY: Final[list[Case]] = [
 ]
 
 
-# The type checker, validators, program creation and parser limits in detail (issue 13, step 2).
+# The type checker, validators, program creation and parser limits in detail.
 CHECKER: Final[list[Case]] = [
     ("checker", f'{D}.productName == "x" && {D}.index + 1 > 0'),
     ("checker", f'{D}.productName > semver("1.0.0")'),

@@ -5,7 +5,7 @@ Binaries: the kubelet from scripts/build-control-plane.sh (the same pinned Kuber
 containerd and the CNI plugins from scripts/build-node.sh, runc from Debian. Images come from tarballs imported into
 containerd (`import_image`); every registry points at a dead loopback port, so no pull can leave the machine.
 
-Settings that matter on this machine kind (../shared/reference/real-node.md): cgroup v1 with cgroupfs and
+Settings that matter on this kind of machine: cgroup v1 with cgroupfs and
 `failCgroupV1: false`; `restrict_oom_score_adj` (root here lacks CAP_SYS_RESOURCE, runc cannot lower oom_score_adj);
 a bridge CNI network without gateway, masquerade or routes, so pods get an isolated eth0; the kubelet listens on
 127.0.0.1 only. `stop()` undoes everything the node did to the host: processes by PID (containers included), mounts,

@@ -49,11 +49,6 @@ class PluginInfo:
     supported_versions: list[str] = field(default_factory=list)
 
 
-def _has_share_id(device: Any) -> bool:
-    """v1 Device.share_id is optional (presence tracked); v1beta1 has no such field."""
-    return "share_id" in device.DESCRIPTOR.fields_by_name and bool(device.HasField("share_id"))
-
-
 def _unix_target(path: Path | str) -> str:
     return f"unix:{path}"
 

@@ -133,11 +133,6 @@ class ResourceHealthServicer:
             self._stopped = True
             self._cond.notify_all()
 
-    def wait_streams(self, count: int, timeout: float) -> bool:
-        """Wait until exactly ``count`` streams are open; False on timeout (for tests and shutdown checks)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._streams == count, timeout)
-
     def snapshot(self) -> Message:
         """The complete device list, as sent on the streams."""
         states = self._source.devices()
