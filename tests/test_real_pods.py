@@ -339,6 +339,10 @@ def test_pods_written_for_the_device_plugin_get_their_gpu_and_mig_partition(clus
     assert any("nvidia-caps" in d["path"] for d in cluster.seen("dp-mig")["devices"])
     uids = {cluster.claims_of(n)[0]["metadata"]["uid"] for n in ("dp-gpu", "dp-mig")}
     assert uids <= set(cluster.release.checkpoint_claims())
+    # attributed as any claim: the GPU metrics (and so GPU-hours) carry the scheduler's claim, its namespace, the pod
+    claim_name = cluster.claims_of("dp-gpu")[0]["metadata"]["name"]
+    up = [x for x in cluster.release.metrics().splitlines() if x.startswith("dra_driver_gpu_up{")]
+    assert any(f'claim="{claim_name}"' in x and f'namespace="{NS}"' in x and 'pod="dp-gpu"' in x for x in up), up
     cluster.cp.kubectl("delete", "pod", "dp-gpu", "dp-mig", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
     wait_until("their claims unprepared", lambda: not uids & set(cluster.release.checkpoint_claims()), timeout=60)
 
