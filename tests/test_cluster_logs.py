@@ -73,3 +73,33 @@ def test_problems_are_warnings_bare_lines_and_the_kubelets_w_and_e_lines_about_t
     assert "prepare failed" in problems[0] and "Traceback" in problems[1] and "slow" in problems[3]
     logs.expect(r"MIG instance busy", r'"slow" pluginName')
     assert len(logs.problems()) == 2
+
+
+def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_may_log_plain_text(
+    tmp_path: Path,
+) -> None:
+    logs, pod_logs, kubelet = setup(tmp_path)
+    logs.start()
+    daemon = pod_logs / "drv_mps-control-daemon-x_uid3" / "mps-control-daemon"
+    daemon.mkdir(parents=True)
+    (daemon / "0.log").write_text(cri("[2026-12-04 00:00:00.1 Control 7] Cmd:quit", "stdout")
+                                  + cri("[2026-12-04 00:00:00.2 Control 7] ERROR: server exited"))  # fmt: skip
+    with kubelet.open("a") as f:
+        f.write(
+            "W1204 00:00:01.0 1 logging.go:55] [core] grpc: addrConn.createTransport failed to connect to {Addr: "
+            '"/k/plugins/gpu.example.com/dra.sock"}. Err: connection error: desc = "transport: Error while '
+            'dialing: dial unix /k/plugins/gpu.example.com/dra.sock: connect: connection refused"\n'
+        )
+        f.write(
+            'E1204 00:00:02.0 1 remote_runtime.go:636] "ExecSync cmd from runtime service failed" err="rpc '
+            'error: code = Canceled desc = context canceled" cmd=["dra-driver","probe","gpu.example.com"]\n'
+        )
+        f.write(
+            'E1204 00:00:03.0 1 remote_runtime.go:636] "ExecSync cmd from runtime service failed" err="rpc '
+            'error: code = DeadlineExceeded" cmd=["dra-driver","probe","--driver=gpu.example.com"]\n'
+        )
+    time.sleep(0.2)
+    logs.stop()
+    problems = logs.problems()
+    assert len(problems) == 2, problems
+    assert "ERROR: server exited" in problems[0] and "DeadlineExceeded" in problems[1]

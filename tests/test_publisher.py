@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -164,6 +165,48 @@ def test_slices_deleted_behind_its_back_are_restored(control_plane, node_publish
             and sum(len(o["spec"].get("devices") or []) for o in pool(control_plane, "pub-repair")) == 208
         ),
     )
+
+
+def test_a_pool_changed_between_list_and_write_is_routine_once_and_a_warning_when_it_repeats(
+    control_plane, node_publisher, monkeypatch, caplog
+) -> None:
+    """A kubelet that restarts wipes the node's slices, maybe between the publisher's list and its writes: the
+    write gets 404, the next pass lists again. That is logged at INFO; the same failure again is a WARNING."""
+    pub, desired = node_publisher("pub-race")
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-race", 9, 1))
+    listed = Publisher._list
+    races = [0]
+
+    stale: list[dict[str, Any]] = []
+
+    def racing_list(self: Publisher) -> list[dict[str, Any]]:
+        """The pool as listed, deleted right after; the same stale list again while `budget` lasts."""
+        items = stale or listed(self)
+        if self.node_name == "pub-race" and races[0] < budget[0]:
+            races[0] += 1
+            stale[:] = items if budget[0] > 1 else []
+            control_plane.kubectl("delete", "resourceslices", "--field-selector", "spec.nodeName=pub-race")
+            return items
+        stale.clear()
+        return listed(self)
+
+    def failures(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == publisher_module.__name__ and r.levelno == level
+                and "failed" in r.getMessage()]  # fmt: skip
+
+    budget = [1]
+    caplog.set_level(logging.INFO, logger=publisher_module.__name__)
+    monkeypatch.setattr(Publisher, "_list", racing_list)
+    desired.taints = {"gpu-3": [DeviceTaint(key="gpu.dra-driver.dev/xid", value="79", effect="NoExecute")]}
+    pub.trigger()
+    wait_for("pool republished after the race", lambda: races[0] == 1 and pool_complete(control_plane, "pub-race", 9))
+    assert len(failures(logging.INFO)) == 1 and "Not Found" in failures(logging.INFO)[0]
+    assert failures(logging.WARNING) == []
+    budget[0] = 3  # two more in a row: no longer routine
+    desired.taints = {}
+    pub.trigger()
+    wait_for("pool republished after two more", lambda: races[0] == 3 and pool_complete(control_plane, "pub-race", 9))
+    assert len(failures(logging.WARNING)) == 1
 
 
 def test_two_publishers_two_nodes(control_plane, node_publisher) -> None:

@@ -127,6 +127,8 @@ class Gpu:
 
     def xid(self) -> float:
         """The GPU reports a critical XID: how long until the pod shows the device Unhealthy."""
+        uuid = self.sim.gpu_uuids[self.index]
+        self.cluster.release.log.expect(rf"health: xid {XID} on {uuid} ")  # the incident, logged as one
         self.sim.inject_event(self.index, pynvml.nvmlEventTypeXidCriticalError, xid=XID)
         took = self.wait("Unhealthy")
         assert self.cluster.cp.kubectl_json("get", "pod", self.pod, "-n", NS)["status"]["phase"] == "Running"

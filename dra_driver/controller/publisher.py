@@ -43,6 +43,9 @@ class PublisherStats:
     by_verb: dict[str, int] = field(default_factory=dict)
 
 
+_RACES = frozenset({404, 409})  # Not Found, Conflict: the pool changed under a write
+
+
 def _content(obj: dict[str, Any]) -> dict[str, Any]:
     """What must match for a stored slice to count as published: its labels and annotations (the node's
     configuration), the spec without the generation, and without what the API server fills in itself (a taint's
@@ -165,7 +168,12 @@ class Publisher:
                 self.metrics.publishes.labels(result="error").inc()
                 self.in_sync.clear()
                 self.last_error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
-                log.warning("publishing pool %s failed (%s); retrying", self.node_name, self.last_error)
+                raced = isinstance(e, ApiError) and e.status in _RACES and delay == self._backoff[0]
+                # a slice deleted or changed between the list and the write (a restarting kubelet wipes the
+                # node's slices): routine, the next pass lists again; repeated, it is a problem
+                (log.info if raced else log.warning)(
+                    "publishing pool %s failed (%s); retrying", self.node_name, self.last_error
+                )
                 self._wake.wait(random.uniform(0, delay))  # full jitter
                 delay = min(delay * 2, self._backoff[1])
             except Exception as e:  # connection errors, timeouts and the like

@@ -6,9 +6,11 @@ own as soon as it appears: the link keeps the file, and everything the container
 kubelet has unlinked its name. The kubelet's own log is one file for the node's life: the lines after the offset at
 the start are this release's.
 
-A problem is a driver line at level WARNING or above, a line that is not one of its JSON lines (a bare traceback, a
-library writing to stderr), or a kubelet line at level W or E that names the driver or its health stream. A line
-that a fault test causes on purpose is expected by a regex (`expect`), named in that test.
+A problem is a line of the plugin container at level WARNING or above or that is not one of its JSON lines (a bare
+traceback, a library writing to stderr); a line of another container of the release (an MPS control daemon, which
+logs as NVIDIA's does) at WARNING or above or that says error; or a kubelet line at level W or E that names the
+driver or its health stream. A line that a fault test causes on purpose is expected by a regex (`expect`), named in
+that test; `KUBELET_ROUTINE` are the kubelet's lines that every stop of a driver pod causes.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ _PROBLEM_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
 KUBELET_OWN_CANCEL = re.compile(
     r'Error receiving from WatchResources stream.*err="rpc error: code = Canceled desc = context canceled"'
 )
+KUBELET_ROUTINE = (
+    KUBELET_OWN_CANCEL,
+    # grpc-go's channel (level W) trying the socket of a plugin that stopped, until the kubelet's plugin watcher
+    # sees its registration socket go and drops the connection
+    re.compile(r"grpc: addrConn\.createTransport failed to connect to .*: (connection refused|no such file or dir)"),
+    # the liveness or readiness probe's exec cancelled by the kubelet itself because the container is stopping
+    re.compile(r'"ExecSync cmd from runtime service failed" err="rpc error: code = Canceled desc = context canceled"'),
+)
+PLUGIN_CONTAINER = "plugin"
+_SAYS_ERROR = re.compile(r"\b(ERROR|Error|error|WARNING|Traceback|FATAL|panic)\b")
 
 
 class DriverLogs:
@@ -45,7 +57,7 @@ class DriverLogs:
         self._words = tuple(words)
         self._interval = interval
         self._kubelet_offset = 0
-        self._expected: list[re.Pattern[str]] = [KUBELET_OWN_CANCEL]
+        self._expected: list[re.Pattern[str]] = list(KUBELET_ROUTINE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -112,16 +124,18 @@ class DriverLogs:
 
     def problems(self) -> list[str]:
         """The lines a clean run must not have, less the expected ones."""
-        found = [line for line in self.driver_lines() if _driver_problem(line.split(": ", 1)[1])]
+        found = [line for line in self.driver_lines() if _driver_problem(*line.split(": ", 1))]
         found += [f"kubelet: {line}" for line in self.kubelet_lines() if _KLOG_PROBLEM.match(line)]
         return [line for line in found if not any(p.search(line) for p in self._expected)]
 
 
-def _driver_problem(text: str) -> bool:
+def _driver_problem(where: str, text: str) -> bool:
+    """`where`: <pod dir>/<container>."""
     if not text.strip():
         return False
     try:
         line = json.loads(text)
     except ValueError:
-        return True  # not one of the driver's log lines: a bare traceback, a library's own output
+        # not one of our JSON lines: in the plugin, a bare traceback or a library's own output
+        return where.endswith("/" + PLUGIN_CONTAINER) or bool(_SAYS_ERROR.search(text))
     return not isinstance(line, dict) or line.get("level") in _PROBLEM_LEVELS
