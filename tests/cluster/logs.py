@@ -35,9 +35,12 @@ KUBELET_OWN_CANCEL = re.compile(
 )
 KUBELET_ROUTINE = (
     KUBELET_OWN_CANCEL,
-    # grpc-go's channel (level W) trying the socket of a plugin that stopped, until the kubelet's plugin watcher
-    # sees its registration socket go and drops the connection
-    re.compile(r"grpc: addrConn\.createTransport failed to connect to .*: (connection refused|no such file or dir)"),
+    # grpc-go's channel (level W) trying the socket of a plugin that stops or stopped, until the kubelet's plugin
+    # watcher sees its registration socket go and drops the connection
+    re.compile(
+        r"grpc: addrConn\.createTransport failed to connect to .*: (connection refused|no such file or dir"
+        r"|connection reset by peer)"
+    ),
     # the liveness or readiness probe's exec cancelled by the kubelet itself because the container is stopping
     re.compile(r'"ExecSync cmd from runtime service failed" err="rpc error: code = Canceled desc = context canceled"'),
 )
