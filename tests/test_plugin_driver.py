@@ -51,6 +51,52 @@ def test_prepare_whole_gpu_writes_cdi_spec_and_is_idempotent(node: Node) -> None
     assert (node.cdi_root / spec_file_name(DRIVER, uid)).stat().st_mtime_ns == mtime
 
 
+def _admin_mig(node: Node, gpu: int = 0, profile_id: int = 19, start: int = 0) -> str:
+    """A 1g MIG device an admin made (as `static` publishes them): its UUID."""
+    from tests.simhelpers import create_full_ci, create_gi
+
+    sim = node.sim
+    sim.nvmlInit()
+    handle = sim.nvmlDeviceGetHandleByIndex(gpu)
+    sim.nvmlDeviceSetMigMode(handle, 1)
+    gi = create_gi(sim, handle, profile_id, start, 1)
+    ci = create_full_ci(sim, gi, 1)
+    return str(sim.nvmlDeviceGetUUID(sim.nvmlComputeInstanceGetInfo(ci).device))
+
+
+def test_an_admins_mig_device_is_used_as_it_is_in_static_mode_and_left_on_unprepare(node: Node) -> None:
+    from dra_driver.slices.devices import PublishMode
+
+    uuid = _admin_mig(node)
+    c = claim(["gpu-0-mig-1g10gb-19-0"], device_class="mig")
+    node.add(c)
+    d = node.driver(mode=PublishMode.STATIC)
+    uid = c["metadata"]["uid"]
+    assert d.prepare([ref(c)])[uid].error == ""
+    spec = _spec(node, uid)
+    assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={uuid}"]
+    caps = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"] if "nvidia-caps" in n["path"]]
+    assert len(caps) == 2  # its GPU instance's and compute instance's capability nodes
+    assert d.checkpoint.claims[uid].devices[0].mig is None  # not the driver's: nothing to destroy
+    assert d.unprepare([ref(c)]) == {uid: ""}
+    assert node.mig_instances() == [(0, 19, 0)]  # still there, as the admin made it
+
+
+def test_an_admins_mig_device_replaced_since_discovery_is_refused(node: Node) -> None:
+    from dra_driver.nvml.mig import destroy_at
+    from dra_driver.slices.devices import PublishMode
+
+    _admin_mig(node)
+    c = claim(["gpu-0-mig-1g10gb-19-0"], device_class="mig")
+    node.add(c)
+    d = node.driver(mode=PublishMode.STATIC)
+    destroy_at(node.sim, d.inventory.gpu_by_minor(0).uuid, 19, 0)
+    _admin_mig(node)  # the same placement again: another UUID
+    error = d.prepare([ref(c)])[c["metadata"]["uid"]].error
+    assert "gpu-0-mig-1g10gb-19-0" in error and ("no longer exists" in error or "not the published" in error), error
+    assert node.cdi_files() == []
+
+
 def test_mig_partition_is_carved_and_destroyed(node: Node) -> None:
     c = claim(["gpu-2-mig-3g40gb-9-4"], device_class="mig")
     node.add(c)

@@ -160,3 +160,36 @@ def test_replicas_put_that_many_claims_on_a_gpu_each_prepared(tmp_path: Path) ->
     big = [_claim("big", "70Gi"), _claim("more", "15Gi")]  # 85Gi: more than one 80 GB GPU
     placed = simulate(slices, [GPU_CLASS], big, node="node-a").outcomes
     assert [o.allocation["devices"]["results"][0]["device"] for o in placed] == ["gpu-0", "gpu-1"]
+
+
+def test_replicas_share_an_admins_mig_device_too(tmp_path: Path) -> None:
+    """With MIG on, shared mode publishes the MIG devices that exist, each for `replicas` claims; they are prepared
+    as they are and left in place when the claims go."""
+    from tests.plugin_helpers import MIG_CLASS
+    from tests.simhelpers import create_full_ci, create_gi
+
+    node = Node(tmp_path)
+    sim = node.sim
+    sim.nvmlInit()
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    sim.nvmlDeviceSetMigMode(handle, 1)
+    create_full_ci(sim, create_gi(sim, handle, 19, 0, 1), 1)
+    slices = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name="node-a",
+                                               mode=PublishMode.SHARED, replicas=2)]  # fmt: skip
+    (mig,) = [d for s in slices for d in s["spec"].get("devices") or [] if "mig" in d["name"]]
+    assert mig["allowMultipleAllocations"] and mig["capacity"]["shares"]["value"] == "2"
+    assert all(c["requestPolicy"] == {"default": "0"} for n, c in mig["capacity"].items() if n != "shares")
+    claims = [_claim(f"m{i}", None) for i in range(3)]
+    for c in claims:
+        c["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "mig"
+    report = simulate(slices, [GPU_CLASS, MIG_CLASS], claims, node="node-a")
+    placed = [o.allocation["devices"]["results"][0]["device"] if o.allocation else None for o in report.outcomes]
+    assert placed == [mig["name"], mig["name"], None]  # two shares, one MIG device
+    for c, o in zip(claims[:2], report.outcomes, strict=False):
+        c["status"] = {"allocation": o.allocation}
+    node.add(*claims[:2])
+    d = node.driver(mode=PublishMode.SHARED)
+    out = d.prepare([ref(c) for c in claims[:2]])
+    assert all(r.error == "" for r in out.values()), out
+    assert all(e == "" for e in d.unprepare([ref(c) for c in claims[:2]]).values())
+    assert node.mig_instances() == [(0, 19, 0)] and node.cdi_files() == []

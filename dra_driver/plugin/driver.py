@@ -20,6 +20,7 @@ puts it, after each of its steps (`Checkpoint.put`).
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -29,13 +30,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pynvml
+
 from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap_nodes
 from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
 from dra_driver.cdi.spec import ContainerEdits, cdi_device_id, claim_spec
 from dra_driver.cdi.store import CdiStore
-from dra_driver.nvml.api import NvmlLibrary
+from dra_driver.nvml.api import NvmlLibrary, as_text
 from dra_driver.nvml.discovery import discover
-from dra_driver.nvml.inventory import Inventory
+from dra_driver.nvml.inventory import Inventory, MigInstance
 from dra_driver.nvml.mig import (
     LiveMig,
     MigError,
@@ -66,6 +69,7 @@ from dra_driver.sharing import (
 )
 from dra_driver.sharing.mps_launch import MpsLauncher
 from dra_driver.sharing.tmpfs import ShmMounter
+from dra_driver.slices.attributes import ATTR_UUID
 from dra_driver.slices.devices import DEFAULT_MODE, PublishMode
 
 log = logging.getLogger(__name__)
@@ -405,6 +409,14 @@ class Driver:
                     nodes[record.device] = p.nodes
                     uuids.append(gpu.uuid)
                     continue
+                admins = self._existing_mig(p.entry)
+                if admins is not None:  # an admin's MIG device (static, shared): used as it is, never destroyed
+                    cap_nodes = mig_cap_nodes(
+                        self.proc_root, gpu.minor, admins.gpu_instance_id, admins.compute_instance_id
+                    )
+                    nodes[record.device] = p.nodes + cap_nodes
+                    uuids.append(admins.uuid)
+                    continue
                 live = self._mig_for(p, ref.uid)
                 crashpoints.reached("prepare.mig-created")
                 record.mig = live
@@ -496,6 +508,27 @@ class Driver:
                         raise PrepareError(f"device {name} overlaps {other.name}, which claim {uid} holds")
         self.sharing.validate([(c.entry.name, c.config, c.admin_access) for c in checked])
         return checked
+
+    def _existing_mig_mode(self) -> bool:
+        """Whether the mode publishes the MIG devices that exist (every mode but partitionable, which carves)."""
+        return self.settings.mode is not PublishMode.PARTITIONABLE
+
+    def _existing_mig(self, entry: CatalogEntry) -> MigInstance | None:
+        """The MIG device a published MIG entry stands for, where the mode publishes those that exist;
+        PrepareError if it is gone or another one took its place."""
+        if not self._existing_mig_mode() or entry.profile is None:
+            return None
+        published = json.loads(entry.device_json)["attributes"].get(ATTR_UUID, {}).get("string")
+        for inst in entry.gpu.mig_instances:
+            if inst.profile_id == entry.profile.id and inst.placement.start == entry.placement_start:
+                try:  # the identity, not the placement: the device may have been destroyed and made again since
+                    now = as_text(self.lib.nvmlDeviceGetUUID(self.lib.nvmlDeviceGetHandleByUUID(inst.uuid)))
+                except pynvml.NVMLError as e:
+                    raise PrepareError(f"MIG device {entry.name} ({inst.uuid}) no longer exists: {e}") from None
+                if now != published:
+                    raise PrepareError(f"MIG device {entry.name} is now {now}, not the published {published}")
+                return inst
+        raise PrepareError(f"MIG device {entry.name} no longer exists")
 
     def _mig_for(self, p: _Checked, claim_uid: str) -> LiveMig:
         assert p.entry.profile is not None and p.entry.placement_start is not None
@@ -590,19 +623,21 @@ class Driver:
         try:
             for d in entry.devices:
                 cat = self.catalog.get(d.device)
+                # a partition this mode carves; an admin's MIG device (every other mode) is never destroyed
+                carves = cat is not None and cat.profile is not None and not self._existing_mig_mode()
                 if d.mig is not None:
                     gpus.add(d.mig.parent_uuid)
-                elif cat is not None and cat.profile is not None:
+                elif carves and cat is not None:
                     gpus.add(cat.gpu.uuid)
                 if d.released or d.admin_access:  # admin access never destroys the partition it shares
                     d.released = True
                     continue
-                if d.mig is not None or (cat is not None and cat.profile is not None):
+                if d.mig is not None or carves:
                     mig_released = True
                 destroyed = False  # a whole GPU, or a MIG device already gone
                 if d.mig is not None:
                     destroyed = destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
-                elif cat is not None and cat.profile is not None and cat.placement_start is not None:
+                elif carves and cat is not None and cat.profile is not None and cat.placement_start is not None:
                     # crashed before its ids were recorded: find it by profile and placement
                     destroyed = destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start, others)
                 if destroyed:

@@ -184,38 +184,39 @@ def check_replicas(replicas: int | None, mode: PublishMode) -> None:
 
 
 def _shared(inv: Inventory, gpu: GpuInfo, replicas: int | None) -> GpuDevices:
-    """A whole GPU that several claims may hold at once (KEP-5075 consumable capacity).
+    """Devices that several claims may hold at once (KEP-5075 consumable capacity): the whole GPU, or, with MIG on,
+    each MIG device that exists (as `static` publishes them).
 
-    By memory (`replicas` None): the scheduler keeps the sum of the claims' `memory` requests within the GPU's
-    memory; a claim that asks for no memory gets all of it, so it holds the GPU alone. With replicas, as the device
+    By memory (`replicas` None): the scheduler keeps the sum of the claims' `memory` requests within the device's
+    memory; a claim that asks for no memory gets all of it, so it holds the device alone. With replicas, as the device
     plugin's time-slicing: a claim that asks for nothing takes no memory and one of `replicas` shares (a capacity
     of its own, one share per claim at most, as `failRequestsGreaterThanOne`), or, unlimited, no share at all;
-    a claim may still ask for memory, which is then kept within the GPU's."""
-    group = GpuDevices(minor=gpu.minor)
-    if gpu.mig_enabled:
-        log.warning("GPU %d has MIG enabled; not published as a shared GPU", gpu.minor)
-        return group
-    device = _whole_gpu(inv, gpu)
+    a claim may still ask for memory, which is then kept within the device's. A MIG device's other capacities
+    (multiprocessors, engines) are taken by no claim: they describe the partition, they are not split."""
+    group = _static(inv, gpu, include_mig=True)
+    for device in group.devices:
+        _share(device, replicas)
+    return group
+
+
+def _share(device: Device, replicas: int | None) -> None:
     device.allow_multiple_allocations = True
-    whole = binary_quantity(gpu.memory_bytes)
-    by_memory = replicas is None
-    device.capacity[A.CAP_MEMORY] = DeviceCapacity(
-        value=whole,
-        request_policy=CapacityRequestPolicy(
-            default=whole if by_memory else "0",
-            valid_range=CapacityRange(min=binary_quantity(SHARED_MEMORY_MIN), step=binary_quantity(SHARED_MEMORY_STEP))
-            if by_memory
-            else None,
-        ),
-    )
+    for name, capacity in device.capacity.items():
+        if name == A.CAP_MEMORY and replicas is None:
+            capacity.request_policy = CapacityRequestPolicy(
+                default=capacity.value,
+                valid_range=CapacityRange(
+                    min=binary_quantity(SHARED_MEMORY_MIN), step=binary_quantity(SHARED_MEMORY_STEP)
+                ),
+            )
+        else:
+            capacity.request_policy = CapacityRequestPolicy(default="0")
     if replicas:
         one = count_quantity(1)
         device.capacity[A.CAP_SHARES] = DeviceCapacity(
             value=count_quantity(replicas),
             request_policy=CapacityRequestPolicy(default=one, valid_range=CapacityRange(min=one, max=one)),
         )
-    group.devices.append(device)
-    return group
 
 
 def gpu_devices(inv: Inventory, gpu: GpuInfo, mode: PublishMode, replicas: int | None = None) -> GpuDevices:
