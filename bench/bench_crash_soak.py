@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
 
-from dra_driver.plugin import crashpoints
+from dra_driver.claimstate import crashpoints
 from tests.cluster.controlplane import ControlPlane
 from tests.crash_harness import (
     ALL_SPECS,

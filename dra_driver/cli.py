@@ -18,9 +18,9 @@ from dra_driver.cel.cli import add_subcommand as add_cel_subcommand
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.inventory import Inventory
-from dra_driver.nvml.source import open_source
 from dra_driver.plugin import features
 from dra_driver.report.cli import add_subcommand as add_report_subcommand
+from dra_driver.simulator.source import open_source
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.devices import DEFAULT_MODE, UNLIMITED_REPLICAS

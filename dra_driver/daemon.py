@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 from prometheus_client import REGISTRY, start_http_server
 
 from dra_driver import memory
+from dra_driver.claimstate.checkpoint import current_boot_id
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS, HealthMonitor, publishable
 from dra_driver.kube.rest import KubeRest, connect
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.source import NvmlSource
-from dra_driver.plugin.checkpoint import current_boot_id
 from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
 from dra_driver.plugin.driver import Driver, PluginSettings

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dra_driver.nvml.discovery import ARCHITECTURE_NAMES, DiscoveryError, discover
 from dra_driver.nvml.inventory import GpuInfo
-from dra_driver.nvml.source import open_source
 from dra_driver.simulator.catalog import ARCHITECTURE_ENUM, ProductSpec, product, product_keys
+from dra_driver.simulator.source import open_source
 from dra_driver.slices.builder import build_slices
 from dra_driver.slices.validation import SliceLimitError
 

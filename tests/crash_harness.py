@@ -1,7 +1,7 @@
 """Crash recovery of the node daemon as a real process: kill it at a step, restart it, retry as the kubelet
 would, and check what is left on the (simulated) node.
 
-Shared by tests/test_crash_recovery_real.py (a SIGKILL at every named step, `dra_driver.plugin.crashpoints`)
+Shared by tests/test_crash_recovery_real.py (a SIGKILL at every named step, `dra_driver.claimstate.crashpoints`)
 and bench/bench_crash_soak.py (SIGKILLs from outside at random moments).
 
 The daemon is `python -m dra_driver plugin --sim dgx-h100` in partitionable mode, with a simulator state directory
@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 import pynvml
 
-from dra_driver.plugin import crashpoints
+from dra_driver.claimstate import crashpoints
 from dra_driver.plugin.socket_identity import socket_id
 from dra_driver.plugin.types import ClaimRef, PrepareResult
 from dra_driver.sharing import DriverRootRunner

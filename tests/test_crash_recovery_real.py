@@ -1,4 +1,4 @@
-"""The node daemon killed (SIGKILL, from `dra_driver.plugin.crashpoints`) at every step of prepare, unprepare and
+"""The node daemon killed (SIGKILL, from `dra_driver.claimstate.crashpoints`) at every step of prepare, unprepare and
 start-up recovery, as a real process against a real control plane; restarted, the kubelet's call retried over the
 real sockets, and the node checked (tests/crash_harness.py lists the invariants).
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.plugin import crashpoints
+from dra_driver.claimstate import crashpoints
 from tests.crash_harness import REPO_ROOT, crash_points_wired, reached_steps, run_matrix, summary_table
 
 WORKERS = int(os.environ.get("DRA_CRASH_WORKERS", "2"))  # nodes (each a daemon) crashed in parallel

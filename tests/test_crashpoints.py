@@ -1,4 +1,4 @@
-"""dra_driver.plugin.crashpoints: the kill happens where asked, once with DRA_DRIVER_CRASH_ONCE, and also as PID 1."""
+"""dra_driver.claimstate.crashpoints: the kill happens where asked, once with DRA_DRIVER_CRASH_ONCE, and as PID 1."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = "from dra_driver.plugin import crashpoints; crashpoints.reached('prepare.cdi-written'); print('survived')"
+SCRIPT = "from dra_driver.claimstate import crashpoints; crashpoints.reached('prepare.cdi-written'); print('survived')"
 
 
 def run(env: dict[str, str], *prefix: str) -> subprocess.CompletedProcess[str]:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from dra_driver.cel import CelDevice, compile_selector
+from dra_driver.claimstate.config import decode
 from dra_driver.nvml.discovery import discover
-from dra_driver.plugin.config import decode
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import build_slices
 

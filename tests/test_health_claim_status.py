@@ -10,10 +10,10 @@ from typing import Any
 import pynvml
 import pytest
 
+from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.health.claim_status import CONDITION_TYPE, FIELD_MANAGER, ClaimStatusReporter, device_condition
 from dra_driver.health.monitor import HealthMonitor
 from dra_driver.kube import ApiError
-from dra_driver.plugin.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.plugin.claims import KubeClaimSource, ResourceClaim
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.types import ClaimRef

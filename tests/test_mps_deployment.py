@@ -320,7 +320,7 @@ class Sharing:
     the test API server and mounts real tmpfs on their shm directories; a checkpoint as the plugin keeps it."""
 
     def __init__(self, cp: ControlPlane, namespace: str, tmp: Path) -> None:
-        from dra_driver.plugin.checkpoint import Checkpoint
+        from dra_driver.claimstate.checkpoint import Checkpoint
         from dra_driver.sharing import SharingManager
         from dra_driver.sharing.mps_deployment import from_environment
         from dra_driver.sharing.tmpfs import ShmMounter
@@ -340,8 +340,8 @@ class Sharing:
         self.uuid = self.sim.gpu_uuids[0]
 
     def prepare(self, uid: str, deadline: float) -> Any:
-        from dra_driver.plugin.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
-        from dra_driver.plugin.config import decode
+        from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
+        from dra_driver.claimstate.config import decode
         from dra_driver.sharing import Target
 
         record = CheckpointedDevice(pool="node-a", device="gpu-0")

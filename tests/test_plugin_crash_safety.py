@@ -19,8 +19,8 @@ import pytest
 
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.cdi.store import CdiStore
+from dra_driver.claimstate.checkpoint import CheckpointVersionError, ClaimState
 from dra_driver.nvml.mig import destroy_gpu_instance
-from dra_driver.plugin.checkpoint import CheckpointVersionError, ClaimState
 from dra_driver.plugin.driver import Driver
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 from tests.simhelpers import create_full_ci, create_gi
@@ -238,7 +238,7 @@ def test_a_checkpoint_torn_by_a_node_crash_is_set_aside_after_the_reboot(node: N
 _KILLED_AFTER_UNLINK = """
 import json, os, signal, sys
 from pathlib import Path
-from dra_driver.plugin import checkpoint
+from dra_driver.claimstate import checkpoint
 from tests.plugin_helpers import Node, ref
 node = Node(Path(sys.argv[1]))
 c = json.loads(sys.argv[2])

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dra_driver.cdi.spec import spec_file_name
+from dra_driver.claimstate.checkpoint import CheckpointCorruptError, ClaimState
 from dra_driver.plugin import driver as driver_module
-from dra_driver.plugin.checkpoint import CheckpointCorruptError, ClaimState
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 
@@ -355,8 +355,8 @@ def test_a_reboot_forgets_prepared_claims(node: Node) -> None:
 
 
 def test_class_then_claim_config_precedence(node: Node) -> None:
+    from dra_driver.claimstate.config import resolve
     from dra_driver.plugin.claims import AllocatedConfig
-    from dra_driver.plugin.config import resolve
 
     def cfg(source: str, interval: str, requests: list[str] | None = None) -> AllocatedConfig:
         return AllocatedConfig.model_validate(
@@ -393,8 +393,8 @@ def _gpu_config(kind: str = "GpuConfig", requests: list[str] | None = None, shar
 def test_a_claim_wide_config_applies_to_its_own_kind_of_device_only(node: Node) -> None:
     """NVIDIA's precedence: a config without requests configures the devices of its kind; a claim with a whole
     GPU and a MIG partition and one claim-wide GpuConfig is prepared, the GpuConfig on the GPU only."""
+    from dra_driver.claimstate.config import resolve
     from dra_driver.plugin.claims import AllocatedConfig
-    from dra_driver.plugin.config import resolve
 
     time_slicing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
     configs = [AllocatedConfig.model_validate(_gpu_config(sharing=time_slicing))]

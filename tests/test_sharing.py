@@ -15,8 +15,8 @@ import pynvml
 import pytest
 
 from dra_driver.cdi.spec import spec_file_name
+from dra_driver.claimstate.checkpoint import ClaimState
 from dra_driver.plugin import driver as driver_module
-from dra_driver.plugin.checkpoint import ClaimState
 from dra_driver.plugin.driver import Driver
 from dra_driver.sharing import CommandResult, DriverRootRunner, RealRunner, SharingError, SharingManager, default_runner
 from dra_driver.simulator.elf import shared_object

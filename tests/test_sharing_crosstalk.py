@@ -13,8 +13,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
-from dra_driver.plugin.config import decode
+from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
+from dra_driver.claimstate.config import decode
 from dra_driver.sharing import SharingConflict, SharingManager, Target
 from dra_driver.sharing.conflicts import Wanted, check
 from dra_driver.simulator.nvml import SimulatedNvml

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from dra_driver.plugin.config import CONFIG_API_VERSION
+from dra_driver.claimstate.config import CONFIG_API_VERSION
 from dra_driver.webhook.server import REVIEW_PATH, WebhookServer
 from tests.cluster.controlplane import ControlPlane, KubectlError, issue_cert, make_ca
 from tests.polling import wait_until

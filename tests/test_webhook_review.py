@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.plugin.config import CONFIG_API_VERSION, ConfigError, decode
+from dra_driver.claimstate.config import CONFIG_API_VERSION, ConfigError, decode
 from dra_driver.webhook.review import OTHER_KIND, MalformedReview, judge, review
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 

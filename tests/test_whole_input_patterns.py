@@ -11,8 +11,8 @@ import pytest
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.quantity import QuantityError, parse_quantity
 from dra_driver.cel.semver import Semver
+from dra_driver.claimstate.config import ConfigError, pinned_limit_mib
 from dra_driver.nvml.migprofile import parse_profile_name
-from dra_driver.plugin.config import ConfigError, pinned_limit_mib
 from dra_driver.sharing.mps_control_daemon import MpsSettings, parse_pinned
 from dra_driver.sharing.mps_deployment import pod_name
 from dra_driver.slices.naming import parse_device_name

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dra_driver.claimstate.checkpoint import ClaimEntry, ClaimState
 from dra_driver.health.monitor import api_time_now
-from dra_driver.plugin.checkpoint import ClaimEntry, ClaimState
 from dra_driver.plugin.claims import RESOURCE_GROUP, RESOURCE_VERSION, ResourceClaim
 from dra_driver.slices.model import DeviceTaint
 

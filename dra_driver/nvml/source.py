@@ -1,12 +1,14 @@
-"""Choosing the NVML backend: the real library or a named simulated machine."""
+"""The NVML backend a process works with, and where it finds the node's sysfs, procfs and driver files.
+
+`dra_driver.simulator.source.open_source` opens one: the real library or a simulated machine.
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.nvml.api import NvmlLibrary, real_nvml
+from dra_driver.nvml.api import NvmlLibrary
 
 
 @dataclass(frozen=True)
@@ -19,38 +21,3 @@ class NvmlSource:
     # host sees them (the paths CDI specs name): /driver-root and /run/nvidia/driver for a GPU Operator install.
     driver_root: Path = Path("/")
     host_driver_root: Path = Path("/")
-
-
-def default_sim_state_dir(machine: str) -> Path:
-    base = os.environ.get("DRA_DRIVER_SIM_STATE") or os.path.join(
-        os.environ.get("XDG_RUNTIME_DIR") or "/tmp", "dra-driver-sim"
-    )
-    return Path(base) / machine
-
-
-def open_source(
-    sim_machine: str | None,
-    sim_state: Path | None = None,
-    sysfs_root: Path = Path("/sys"),
-    proc_root: Path = Path("/proc"),
-    driver_root: Path | None = None,
-    host_driver_root: Path | None = None,
-) -> NvmlSource:
-    """`sim_machine` selects a simulated machine (state shared through `sim_state`); None means real NVML.
-    `driver_root`: default `/` (a simulated machine: its own simulated driver root); `host_driver_root`: default
-    `driver_root`."""
-    if sim_machine is None:
-        root = driver_root or Path("/")
-        return NvmlSource(real_nvml(), sysfs_root, proc_root, "NVML (libnvidia-ml)", root, host_driver_root or root)
-    from dra_driver.simulator.nvml import SimulatedNvml
-
-    sim = SimulatedNvml(sim_machine, sim_state or default_sim_state_dir(sim_machine))
-    root = driver_root or sim.driver_root
-    return NvmlSource(
-        sim,
-        sim.sysfs_root,
-        sim.proc_root,
-        f"simulated {sim_machine} (state in {sim.state_dir})",
-        root,
-        host_driver_root or root,
-    )

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dra_driver.claimstate.deadline import time_left
 from dra_driver.kube.rest import as_rest, path_of
-from dra_driver.plugin.types import time_left
 
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 API_TIMEOUT_S = 10.0  # the longest one API read of a prepare may take, deadline or not

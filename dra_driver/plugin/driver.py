@@ -36,6 +36,10 @@ from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap
 from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
 from dra_driver.cdi.spec import ContainerEdits, cdi_device_id, claim_spec
 from dra_driver.cdi.store import CdiStore
+from dra_driver.claimstate import crashpoints
+from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
+from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
+from dra_driver.claimstate.deadline import DEADLINE_MARGIN_S, time_left
 from dra_driver.nvml.api import NvmlLibrary, as_text
 from dra_driver.nvml.discovery import discover
 from dra_driver.nvml.inventory import Inventory, MigInstance
@@ -51,13 +55,11 @@ from dra_driver.nvml.mig import (
     list_gpu_instances,
     mig_enabled,
 )
-from dra_driver.plugin import crashpoints, features
+from dra_driver.plugin import features
 from dra_driver.plugin.catalog import CatalogEntry, build_catalog, conflicts
-from dra_driver.plugin.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
-from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
-from dra_driver.plugin.types import DEADLINE_MARGIN_S, ClaimRef, PreparedDevice, PrepareResult, time_left
+from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 from dra_driver.sharing import (
     CommandRunner,
     DriverRootRunner,

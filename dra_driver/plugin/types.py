@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
-
-DEADLINE_MARGIN_S = 0.5  # give up this long before the caller's deadline, so that the answer still reaches it
-
-
-def time_left(deadline: float) -> float:
-    """Seconds left for work before `deadline` (a time.monotonic() value), the margin kept for the answer."""
-    return deadline - time.monotonic() - DEADLINE_MARGIN_S
 
 
 class ClaimRef(BaseModel):

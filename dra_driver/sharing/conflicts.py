@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dra_driver.plugin.checkpoint import ClaimEntry
+from dra_driver.claimstate.checkpoint import ClaimEntry
 from dra_driver.sharing.nvsmi import SharingError
 
 TIME_SLICE = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}  # nvidia-smi compute-policy --set-timeslice

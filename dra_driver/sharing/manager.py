@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.cdi.spec import CdiSpec, ContainerEdits
-from dra_driver.plugin import crashpoints
-from dra_driver.plugin.checkpoint import CheckpointedDevice, ClaimEntry
-from dra_driver.plugin.config import ConfigError, GpuConfig, MigDeviceConfig, pinned_limit_mib
+from dra_driver.claimstate import crashpoints
+from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry
+from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, pinned_limit_mib
 from dra_driver.sharing import conflicts, tmpfs
 from dra_driver.sharing.conflicts import TIME_SLICE, Wanted
 from dra_driver.sharing.mps_control_daemon import MpsSettings

@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.plugin.config import ConfigError, decode
+from dra_driver.claimstate.config import ConfigError, decode
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 GROUP: Final = "resource.k8s.io"

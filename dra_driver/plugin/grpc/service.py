@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from dra_driver.claimstate.deadline import time_left
 from dra_driver.plugin.grpc import rpc
 from dra_driver.plugin.grpc.metrics import (
     ERROR_BUSY,
@@ -35,7 +36,7 @@ from dra_driver.plugin.grpc.metrics import (
     RESULT_RPC_ERROR,
     PluginMetrics,
 )
-from dra_driver.plugin.types import ClaimPreparer, ClaimRef, PrepareResult, time_left
+from dra_driver.plugin.types import ClaimPreparer, ClaimRef, PrepareResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
