@@ -270,7 +270,10 @@ def _node_configurator(
     def switch(config: NodeConfig) -> list[str]:
         assert configurator is not None
         shared_changes = config.replicas != configurator.current.config.replicas
-        return driver.reconfigure(config.mode, shared_changes=shared_changes, deadline=time.monotonic() + 30)
+        blockers = driver.reconfigure(config.mode, shared_changes=shared_changes, deadline=time.monotonic() + 30)
+        if not blockers:  # new MPS claims only: a running control daemon keeps the settings it started with
+            driver.sharing.mps_defaults = config.mps
+        return blockers
 
     default = NodeConfig(mode=options.settings.mode, replicas=options.replicas)
     post = node_event_poster(api, options.settings.pool, options.settings.driver)

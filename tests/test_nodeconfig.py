@@ -30,6 +30,14 @@ def test_configurations_load_and_bad_ones_are_named(tmp_path: Path) -> None:
                                 "mig": {"mode": "partitionable"}}))  # fmt: skip
     configs = load_configs(path)
     assert configs["shared-4"] == NodeConfig(mode=PublishMode.SHARED, replicas=4)
+    path.write_text(json.dumps({"mps-30": {"mode": "gpus", "mps": {"defaultActiveThreadPercentage": 30}},
+                                "bad-mps": {"mode": "gpus", "mps": {"defaultActiveThreadPercentage": 0}}}))  # fmt: skip
+    with pytest.raises(ValueError, match=r"'bad-mps'.*defaultActiveThreadPercentage"):
+        load_configs(path)
+    path.write_text(json.dumps({"shared-4": {"mode": "shared", "replicas": 4},
+                                "any": {"mode": "shared", "replicas": "unlimited"},
+                                "mig": {"mode": "partitionable"}}))  # fmt: skip
+    configs = load_configs(path)
     assert configs["any"].replicas == 0 and configs["mig"].replicas is None
     for body, words in (
         ({"x": {"mode": "static", "replicas": 4}}, "'x'.*replicas apply to mode shared only"),

@@ -562,3 +562,27 @@ def test_specs_with_mps_mounts_pass_the_official_validator(
     out = _validate(cdivalidate, *files)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": ok") == 3
+
+
+def test_the_nodes_mps_defaults_fill_what_a_claim_leaves_out(node: Node, runner: Recording) -> None:
+    """A node configuration's MPS defaults (controller.nodeconfig): a claim that sets its own keeps it."""
+    from dra_driver.claimstate.config import MpsConfig
+
+    own, bare = claim(["gpu-0"], config=[mps(percentage=30)]), claim(["gpu-1"], config=[mps()])
+    node.add(own, bare)
+    d = start(node, runner)
+    d.sharing.mps_defaults = MpsConfig.model_validate(
+        {"defaultActiveThreadPercentage": 60, "defaultPinnedDeviceMemoryLimit": "2Gi"}
+    )
+    assert all(r.error == "" for r in d.prepare([ref(own), ref(bare)]).values())
+    commands = {pipe.split("/")[-2]: daemon["commands"] for pipe, daemon in runner.daemons().items()}
+    assert commands[uid(own)] == [
+        "set_default_active_thread_percentage 30",
+        "set_default_device_pinned_mem_limit 0 2048M",
+    ]
+    assert commands[uid(bare)] == [
+        "set_default_active_thread_percentage 60",
+        "set_default_device_pinned_mem_limit 0 2048M",
+    ]
+    assert all(e == "" for e in d.unprepare([ref(own), ref(bare)]).values())
+    assert_nothing_left(node, d, runner)

@@ -1,11 +1,12 @@
 """Per-node configuration: a label on the Node names one of the configurations the chart lists (what the node
-publishes: mode and replicas), as the device plugin's `nvidia.com/device-plugin.config` label does. Without the
-label the node runs the daemon's own flags.
+publishes: mode and replicas; the MPS defaults of its claims), as the device plugin's
+`nvidia.com/device-plugin.config` label does. Without the label the node runs the daemon's own flags.
 
 A change of the label is applied at once unless a prepared claim holds a device the new configuration would not
 publish the same way (a MIG partition carved on demand, a GPU shared by replicas): then the node keeps its
 configuration, says why in a Warning Event on the Node and in an annotation of its ResourceSlices, and tries again
-whenever the claims change, until the label's configuration can be applied (or the label changes back).
+whenever the claims change, until the label's configuration can be applied (or the label changes back). New MPS
+defaults apply to the claims prepared after the change.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from dra_driver.claimstate.config import MpsConfig
 from dra_driver.kube import listwatch
 from dra_driver.kube.rest import KubeRest, path_of
 from dra_driver.slices.devices import UNLIMITED_REPLICAS, PublishMode, check_replicas
@@ -43,6 +45,8 @@ class NodeConfig(BaseModel):
 
     mode: PublishMode
     replicas: int | None = None  # shared mode: None by memory, 0 unlimited, N claims per GPU
+    # what an MPS claim's config leaves out (its defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit)
+    mps: MpsConfig | None = None
 
     @field_validator("replicas", mode="before")
     @classmethod
@@ -156,10 +160,12 @@ class NodeConfigurator:
 
 
 def _describe(config: NodeConfig) -> str:
-    if config.replicas is None:
-        return f"mode {config.mode.value}"
-    replicas = "unlimited" if config.replicas == UNLIMITED_REPLICAS else str(config.replicas)
-    return f"mode {config.mode.value}, replicas {replicas}"
+    parts = [f"mode {config.mode.value}"]
+    if config.replicas is not None:
+        parts.append(f"replicas {'unlimited' if config.replicas == UNLIMITED_REPLICAS else config.replicas}")
+    if config.mps is not None:
+        parts.append(f"MPS defaults {config.mps.model_dump_json(by_alias=True, exclude_none=True)}")
+    return ", ".join(parts)
 
 
 class NodeLabelWatch:

@@ -35,7 +35,7 @@ from typing import Any
 from dra_driver.cdi.spec import CdiSpec, ContainerEdits
 from dra_driver.claimstate import crashpoints
 from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry
-from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, pinned_limit_mib
+from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, MpsConfig, pinned_limit_mib
 from dra_driver.sharing import conflicts, tmpfs
 from dra_driver.sharing.conflicts import TIME_SLICE, Wanted
 from dra_driver.sharing.mps_control_daemon import MpsSettings
@@ -87,6 +87,8 @@ class SharingManager:
         self.smi = NvidiaSmi(runner)
         self.mps: MpsLauncher = mps if mps is not None else LocalMps(runner)
         self.shm = shm
+        # the node's MPS defaults (its node configuration): what a claim's MPS config leaves out
+        self.mps_defaults: MpsConfig | None = None
 
     @classmethod
     def at_driver_root(
@@ -112,8 +114,8 @@ class SharingManager:
         for name, config, admin in devices:
             if admin or config is None or config.sharing is None or config.sharing.strategy != "MPS":
                 continue
-            mps = config.sharing.mps_config  # numbers' ranges were checked when the config was decoded
-            percentages.setdefault(mps.default_active_thread_percentage if mps else None, name)
+            # numbers' ranges were checked when the config was decoded
+            percentages.setdefault(self._percentage(config.sharing.mps_config), name)
         if len(percentages) > 1:
             raise ConfigError(
                 "the MPS devices of one claim share one control daemon and need the same "
@@ -184,17 +186,27 @@ class SharingManager:
         self.mps.start(claim_uid, directory, [t.uuid for t in targets], self._mps_settings(targets), deadline)
         return container_edits(directory)
 
-    @staticmethod
-    def _mps_settings(targets: list[Target]) -> MpsSettings:
+    def _percentage(self, mps: MpsConfig | None) -> int | None:
+        if mps is not None and mps.default_active_thread_percentage is not None:
+            return mps.default_active_thread_percentage
+        return self.mps_defaults.default_active_thread_percentage if self.mps_defaults else None
+
+    def _pinned_limit(self, mps: MpsConfig | None) -> str | None:
+        if mps is not None and mps.default_pinned_device_memory_limit is not None:
+            return mps.default_pinned_device_memory_limit
+        return self.mps_defaults.default_pinned_device_memory_limit if self.mps_defaults else None
+
+    def _mps_settings(self, targets: list[Target]) -> MpsSettings:
+        """The claim's MPS settings, each one the node's default where the claim leaves it out."""
         first = targets[0].config
         assert first is not None and first.sharing is not None
-        percentage = first.sharing.mps_config.default_active_thread_percentage if first.sharing.mps_config else None
+        percentage = self._percentage(first.sharing.mps_config)
         limits: list[tuple[int, str]] = []
         for index, t in enumerate(targets):  # device indices as the daemon sees them: CUDA_VISIBLE_DEVICES order
             assert t.config is not None and t.config.sharing is not None
-            mps = t.config.sharing.mps_config
-            if mps is not None and mps.default_pinned_device_memory_limit is not None:
-                limits.append((index, f"{pinned_limit_mib(mps.default_pinned_device_memory_limit)}M"))
+            limit = self._pinned_limit(t.config.sharing.mps_config)
+            if limit is not None:
+                limits.append((index, f"{pinned_limit_mib(limit)}M"))
         return MpsSettings(percentage, tuple(limits))
 
     # ----- undo -----------------------------------------------------------------------------------------------
