@@ -343,6 +343,32 @@ def test_pods_written_for_the_device_plugin_get_their_gpu_and_mig_partition(clus
     wait_until("their claims unprepared", lambda: not uids & set(cluster.release.checkpoint_claims()), timeout=60)
 
 
+def test_the_device_plugin_docs_cuda_check_pod_runs_nvidia_smi_on_its_one_gpu(cluster: Cluster) -> None:
+    """The device plugin's example pod (`nvidia.com/gpu: 1`, restartPolicy Never) with `nvidia-smi` as its command,
+    in the busybox image (no Python): the simulated nvidia-smi the CDI spec mounts sees the one GPU the pod got."""
+    p = device_plugin_pod("cuda-check", "nvidia.com/gpu")
+    p["spec"]["restartPolicy"] = "Never"
+    p["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "nvidia-smi && nvidia-smi -L"]
+    cluster.apply(p)
+
+    def finished() -> str | None:
+        phase = cluster.cp.kubectl_json("get", "pod", "cuda-check", "-n", NS)["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_until("the cuda-check pod finished", finished, timeout=90)
+    out = cluster.cp.kubectl("logs", "-n", NS, "cuda-check").stdout
+    assert phase == "Succeeded", out
+    (device,) = cluster.expected("cuda-check")[2]
+    assert "NVIDIA-SMI" in out and "Driver Version:" in out, out  # the plain table
+    listed = [line for line in out.splitlines() if line.startswith("GPU ")]
+    name, uuid = cluster.attribute(device, "productName"), cluster.attribute(device, "uuid")
+    assert listed == [f"GPU 0: {name} (UUID: {uuid})"], out
+    (c,) = cluster.claims_of("cuda-check")
+    uid = c["metadata"]["uid"]
+    cluster.cp.kubectl("delete", "pod", "cuda-check", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    wait_until("its claim unprepared", lambda: uid not in cluster.release.checkpoint_claims(), timeout=60)
+
+
 def test_a_claim_that_cannot_fit_stays_pending_and_simulate_explains_why(cluster: Cluster) -> None:
     cluster.apply(template("nine-gpus", req("gpu", GPU, 9)), pod("too-big", template_name="nine-gpus"))
 
