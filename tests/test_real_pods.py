@@ -125,6 +125,18 @@ class Cluster:
             described = self.cp.kubectl("describe", "pod", name, "-n", NS, check=False).stdout
             raise AssertionError(f"{name} not Running:\n{described[-3000:]}\n{self.release.logs()}") from None
 
+    def log_once_succeeded(self, name: str, timeout: float = 90) -> str:
+        """The log of a pod with restartPolicy Never, once it finished; it must have Succeeded."""
+
+        def finished() -> str | None:
+            phase = self.cp.kubectl_json("get", "pod", name, "-n", NS)["status"].get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_until(f"pod {name} finished", finished, timeout=timeout)
+        out = str(self.cp.kubectl("logs", "-n", NS, name).stdout)
+        assert phase == "Succeeded", out
+        return out
+
     def seen(self, name: str) -> dict[str, Any]:
         """What the container printed (tests/cluster/images.py show-devices)."""
         return dict(json.loads(images.shown_lines(self.cp, name, NS)[-1]))
@@ -295,14 +307,7 @@ def test_a_glibc_container_loads_libcuda_and_libnvidia_ml_by_soname(cluster: Clu
     container.update(image=f"{IMAGE_REPOSITORY}:{chart_version()}", command=["python3", "-c", script])
     p["spec"]["restartPolicy"] = "Never"
     cluster.apply(p)
-
-    def finished() -> str | None:
-        phase = cluster.cp.kubectl_json("get", "pod", "loader", "-n", NS)["status"].get("phase")
-        return phase if phase in ("Succeeded", "Failed") else None
-
-    phase = wait_until("the loader pod finished", finished, timeout=90)
-    out = cluster.cp.kubectl("logs", "-n", NS, "loader").stdout
-    assert phase == "Succeeded", out
+    out = cluster.log_once_succeeded("loader")
     loaded = json.loads(out.strip().splitlines()[-1])  # mapped path -> sha256 of what the loader mapped
     libdir = cluster.release.sim_state / cluster.release.machine / "driver-root" / "usr" / "lib" / multiarch()
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
@@ -350,14 +355,7 @@ def test_the_device_plugin_docs_cuda_check_pod_runs_nvidia_smi_on_its_one_gpu(cl
     p["spec"]["restartPolicy"] = "Never"
     p["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "nvidia-smi && nvidia-smi -L"]
     cluster.apply(p)
-
-    def finished() -> str | None:
-        phase = cluster.cp.kubectl_json("get", "pod", "cuda-check", "-n", NS)["status"].get("phase")
-        return phase if phase in ("Succeeded", "Failed") else None
-
-    phase = wait_until("the cuda-check pod finished", finished, timeout=90)
-    out = cluster.cp.kubectl("logs", "-n", NS, "cuda-check").stdout
-    assert phase == "Succeeded", out
+    out = cluster.log_once_succeeded("cuda-check")
     (device,) = cluster.expected("cuda-check")[2]
     assert "NVIDIA-SMI" in out and "Driver Version:" in out, out  # the plain table
     listed = [line for line in out.splitlines() if line.startswith("GPU ")]
