@@ -137,6 +137,24 @@ class Cluster:
         assert phase == "Succeeded", out
         return out
 
+    @contextlib.contextmanager
+    def claims_seen(self) -> Iterator[list[dict[str, Any]]]:
+        """Every version of the namespace's ResourceClaims while the block runs (`kubectl get -w`), claims deleted
+        since included; the list fills when the block ends."""
+        seen: list[dict[str, Any]] = []
+        cmd = [str(self.cp.bin_dir / "kubectl"), "get", "resourceclaims", "-n", NS, "-w", "-o", "json"]
+        with subprocess.Popen(cmd, env=self.cp.env(), stdout=subprocess.PIPE, text=True) as proc:
+            try:
+                yield seen
+            finally:
+                proc.terminate()
+                text = proc.communicate(timeout=30)[0]
+        decoder, pos = json.JSONDecoder(), 0
+        while text[pos:].strip():
+            obj, end = decoder.raw_decode(text, len(text) - len(text[pos:].lstrip()))
+            seen.append(obj)
+            pos = end
+
     def seen(self, name: str) -> dict[str, Any]:
         """What the container printed (tests/cluster/images.py show-devices)."""
         return dict(json.loads(images.shown_lines(self.cp, name, NS)[-1]))
@@ -354,15 +372,20 @@ def test_the_device_plugin_docs_cuda_check_pod_runs_nvidia_smi_on_its_one_gpu(cl
     p = device_plugin_pod("cuda-check", "nvidia.com/gpu")
     p["spec"]["restartPolicy"] = "Never"
     p["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "nvidia-smi && nvidia-smi -L"]
-    cluster.apply(p)
-    out = cluster.log_once_succeeded("cuda-check")
-    (device,) = cluster.expected("cuda-check")[2]
+    with cluster.claims_seen() as claims:  # the scheduler's claim is deleted once the pod finished
+        cluster.apply(p)
+        out = cluster.log_once_succeeded("cuda-check")
+    allocated = {
+        (c["metadata"]["uid"], r["device"])
+        for c in claims
+        if c["metadata"]["name"].startswith("cuda-check-") and c.get("status", {}).get("allocation")
+        for r in c["status"]["allocation"]["devices"]["results"]
+    }
+    ((uid, device),) = allocated
     assert "NVIDIA-SMI" in out and "Driver Version:" in out, out  # the plain table
     listed = [line for line in out.splitlines() if line.startswith("GPU ")]
     name, uuid = cluster.attribute(device, "productName"), cluster.attribute(device, "uuid")
     assert listed == [f"GPU 0: {name} (UUID: {uuid})"], out
-    (c,) = cluster.claims_of("cuda-check")
-    uid = c["metadata"]["uid"]
     cluster.cp.kubectl("delete", "pod", "cuda-check", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
     wait_until("its claim unprepared", lambda: uid not in cluster.release.checkpoint_claims(), timeout=60)
 
