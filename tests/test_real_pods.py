@@ -125,6 +125,36 @@ class Cluster:
             described = self.cp.kubectl("describe", "pod", name, "-n", NS, check=False).stdout
             raise AssertionError(f"{name} not Running:\n{described[-3000:]}\n{self.release.logs()}") from None
 
+    def log_once_succeeded(self, name: str, timeout: float = 90) -> str:
+        """The log of a pod with restartPolicy Never, once it finished; it must have Succeeded."""
+
+        def finished() -> str | None:
+            phase = self.cp.kubectl_json("get", "pod", name, "-n", NS)["status"].get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_until(f"pod {name} finished", finished, timeout=timeout)
+        out = str(self.cp.kubectl("logs", "-n", NS, name).stdout)
+        assert phase == "Succeeded", out
+        return out
+
+    @contextlib.contextmanager
+    def claims_seen(self) -> Iterator[list[dict[str, Any]]]:
+        """Every version of the namespace's ResourceClaims while the block runs (`kubectl get -w`), claims deleted
+        since included; the list fills when the block ends."""
+        seen: list[dict[str, Any]] = []
+        cmd = [str(self.cp.bin_dir / "kubectl"), "get", "resourceclaims", "-n", NS, "-w", "-o", "json"]
+        with subprocess.Popen(cmd, env=self.cp.env(), stdout=subprocess.PIPE, text=True) as proc:
+            try:
+                yield seen
+            finally:
+                proc.terminate()
+                text = proc.communicate(timeout=30)[0]
+        decoder, pos = json.JSONDecoder(), 0
+        while text[pos:].strip():
+            obj, end = decoder.raw_decode(text, len(text) - len(text[pos:].lstrip()))
+            seen.append(obj)
+            pos = end
+
     def seen(self, name: str) -> dict[str, Any]:
         """What the container printed (tests/cluster/images.py show-devices)."""
         return dict(json.loads(images.shown_lines(self.cp, name, NS)[-1]))
@@ -297,14 +327,7 @@ def test_a_glibc_container_loads_libcuda_and_libnvidia_ml_by_soname(cluster: Clu
     container.update(image=f"{IMAGE_REPOSITORY}:{chart_version()}", command=["python3", "-c", script])
     p["spec"]["restartPolicy"] = "Never"
     cluster.apply(p)
-
-    def finished() -> str | None:
-        phase = cluster.cp.kubectl_json("get", "pod", "loader", "-n", NS)["status"].get("phase")
-        return phase if phase in ("Succeeded", "Failed") else None
-
-    phase = wait_until("the loader pod finished", finished, timeout=90)
-    out = cluster.cp.kubectl("logs", "-n", NS, "loader").stdout
-    assert phase == "Succeeded", out
+    out = cluster.log_once_succeeded("loader")
     loaded = json.loads(out.strip().splitlines()[-1])  # mapped path -> sha256 of what the loader mapped
     libdir = cluster.release.sim_state / cluster.release.machine / "driver-root" / "usr" / "lib" / multiarch()
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
@@ -347,6 +370,30 @@ def test_pods_written_for_the_device_plugin_get_their_gpu_and_mig_partition(clus
     assert any(f'claim="{claim_name}"' in x and f'namespace="{NS}"' in x and 'pod="dp-gpu"' in x for x in up), up
     cluster.cp.kubectl("delete", "pod", "dp-gpu", "dp-mig", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
     wait_until("their claims unprepared", lambda: not uids & set(cluster.release.checkpoint_claims()), timeout=60)
+
+
+def test_the_device_plugin_docs_cuda_check_pod_runs_nvidia_smi_on_its_one_gpu(cluster: Cluster) -> None:
+    """The device plugin's example pod (`nvidia.com/gpu: 1`, restartPolicy Never) with `nvidia-smi` as its command,
+    in the busybox image (no Python): the simulated nvidia-smi the CDI spec mounts sees the one GPU the pod got."""
+    p = device_plugin_pod("cuda-check", "nvidia.com/gpu")
+    p["spec"]["restartPolicy"] = "Never"
+    p["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "nvidia-smi && nvidia-smi -L"]
+    with cluster.claims_seen() as claims:  # the scheduler's claim is deleted once the pod finished
+        cluster.apply(p)
+        out = cluster.log_once_succeeded("cuda-check")
+    allocated = {
+        (c["metadata"]["uid"], r["device"])
+        for c in claims
+        if c["metadata"]["name"].startswith("cuda-check-") and c.get("status", {}).get("allocation")
+        for r in c["status"]["allocation"]["devices"]["results"]
+    }
+    ((uid, device),) = allocated
+    assert "NVIDIA-SMI" in out and "Driver Version:" in out, out  # the plain table
+    listed = [line for line in out.splitlines() if line.startswith("GPU ")]
+    name, uuid = cluster.attribute(device, "productName"), cluster.attribute(device, "uuid")
+    assert listed == [f"GPU 0: {name} (UUID: {uuid})"], out
+    cluster.cp.kubectl("delete", "pod", "cuda-check", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    wait_until("its claim unprepared", lambda: uid not in cluster.release.checkpoint_claims(), timeout=60)
 
 
 def test_a_claim_that_cannot_fit_stays_pending_and_simulate_explains_why(cluster: Cluster) -> None:

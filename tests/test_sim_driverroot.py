@@ -175,5 +175,6 @@ def test_a_root_shared_by_two_pythons_runs_its_tools_with_the_one_that_exists_he
     assert (root / "usr" / "bin" / "nvidia-debugdump").read_text() == text
     only_elsewhere = tmp_path / "other" / "driver-root"
     ensure_driver_root(only_elsewhere, V550, tool_python=str(tmp_path / "container" / "python3"))
-    out = subprocess.run([only_elsewhere / "usr" / "bin" / "nvidia-smi"], capture_output=True, text=True, timeout=60)
+    tool = only_elsewhere / "usr" / "bin" / "nvidia-debugdump"
+    out = subprocess.run([tool], capture_output=True, text=True, timeout=60)
     assert out.returncode == 127 and "no Python with the dra_driver package" in out.stderr

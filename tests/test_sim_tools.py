@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from dra_driver.cdi.devnodes import CharDevice, gpu_nodes, mig_cap_nodes
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.tools import state_dir_of
 from dra_driver.simulator.tools.state import SharingState, pid_alive
@@ -154,6 +156,88 @@ def test_without_a_simulated_machine_nvidia_smi_finds_no_driver(tmp_path: Path) 
     sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
     (sim.state_dir / "nvml-state.json").unlink()
     assert smi(sim, "-L").returncode == 9
+
+
+# ----- nvidia-smi in a container ---------------------------------------------------------------------------------
+# A container's view without a container runtime: a chroot with a shell, the driver root's nvidia-smi where the CDI
+# spec mounts it, and exactly the device nodes the claim's CDI spec gives (devnodes, as the plugin computes them).
+needs_chroot = pytest.mark.skipif(os.geteuid() != 0, reason="a chroot with device nodes needs root")
+SHELLS = {
+    "busybox": ["/bin/busybox"],
+    "dash": ["/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"],
+}
+
+
+def container(sim: SimulatedNvml, tmp_path: Path, shell: str, nodes: list[CharDevice]) -> Path:
+    root = tmp_path / f"rootfs-{shell}"
+    files = SHELLS[shell]
+    if not all(Path(f).exists() for f in files):
+        pytest.skip(f"{shell} is not installed here")
+    for f in files:
+        (root / f.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, root / f.lstrip("/"))
+    (root / "bin" / "sh").symlink_to(Path(files[0]).name)
+    (root / "usr" / "bin").mkdir(parents=True)
+    shutil.copy(sim.driver_root / "usr" / "bin" / "nvidia-smi", root / "usr" / "bin" / "nvidia-smi")
+    for n in nodes:
+        path = root / n.path.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(n.major, n.minor))
+    return root
+
+
+def smi_in(root: Path, *args: str) -> Any:
+    return subprocess.run(
+        ["chroot", str(root), "/usr/bin/nvidia-smi", *args], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+
+
+@needs_chroot
+@pytest.mark.parametrize("shell", list(SHELLS))
+def test_in_a_container_nvidia_smi_lists_the_devices_whose_nodes_it_has(
+    sim: SimulatedNvml, tmp_path: Path, shell: str
+) -> None:
+    mig = mig_device(sim, 1)
+    handle = sim.nvmlDeviceGetHandleByUUID(mig)
+    gi, ci = sim.nvmlDeviceGetGpuInstanceId(handle), sim.nvmlDeviceGetComputeInstanceId(handle)
+    dev = sim.nvmlDeviceGetHandleByIndex(1)
+    create_full_ci(sim, create_gi(sim, dev, 19, 1, 1), 1)  # a second MIG device the container does not get
+    nodes = gpu_nodes(sim.proc_root, 5) + gpu_nodes(sim.proc_root, 1)[:1] + mig_cap_nodes(sim.proc_root, 1, gi, ci)
+    root = container(sim, tmp_path, shell, nodes)
+    listed = smi_in(root, "-L")
+    assert (listed.returncode, listed.stdout) == (
+        0,
+        f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {sim.gpu_uuids[1]})\n"
+        f"  MIG 1g.10gb     Device  0: (UUID: {mig})\n"
+        f"GPU 1: NVIDIA H100 80GB HBM3 (UUID: {sim.gpu_uuids[5]})\n",
+    ), listed
+    table = smi_in(root)
+    assert table.returncode == 0 and "Driver Version: 550.54.15" in table.stdout, table
+    assert [line[46:62] for line in table.stdout.splitlines() if " On  |" in line] == [
+        sim.spec.gpus[i].pci_bus_id for i in (1, 5)
+    ]
+    assert "MIG devices:" in table.stdout and all(len(line) == 91 for line in table.stdout.splitlines() if line)
+    query = smi_in(root, "--query-gpu=index, uuid,pci.bus_id", "--format=csv,noheader")
+    assert query.stdout.splitlines()[1].startswith(f"1, {sim.gpu_uuids[5]}, 00000000:"), query
+    assert smi_in(root, "--query-gpu=fan.speed", "--format=csv").returncode == 2
+    assert smi_in(root, "--frobnicate").returncode == 2
+    # the script holds the machine as it is when a container starts: a MIG device made since shows in a new one
+    known = {sim.nvmlDeviceGetGpuInstanceId(sim.nvmlDeviceGetMigDeviceHandleByIndex(dev, i)) for i in range(2)}
+    create_full_ci(sim, create_gi(sim, dev, 19, 2, 1), 1)
+    later = [sim.nvmlDeviceGetMigDeviceHandleByIndex(dev, i) for i in range(3)]
+    (new,) = [h for h in later if sim.nvmlDeviceGetGpuInstanceId(h) not in known]
+    caps = mig_cap_nodes(sim.proc_root, 1, sim.nvmlDeviceGetGpuInstanceId(new), sim.nvmlDeviceGetComputeInstanceId(new))
+    fresh = smi_in(container(sim, tmp_path / "later", shell, nodes + caps), "-L").stdout.splitlines()
+    assert len(fresh) == 4 and sum(sim.nvmlDeviceGetUUID(new) in line for line in fresh) == 1, fresh
+
+
+@needs_chroot
+def test_in_a_container_without_gpus_nvidia_smi_fails_as_the_real_one(sim: SimulatedNvml, tmp_path: Path) -> None:
+    bare = smi_in(container(sim, tmp_path / "bare", "busybox", []), "-L")
+    assert bare.returncode == 9 and "couldn't communicate with the NVIDIA driver" in bare.stdout, bare
+    control_only = [n for n in gpu_nodes(sim.proc_root, 0) if n.path != "/dev/nvidia0"]
+    none = smi_in(container(sim, tmp_path / "ctl", "busybox", control_only))
+    assert (none.returncode, none.stdout) == (6, "No devices were found\n")
 
 
 # ----- the MPS control daemon -----------------------------------------------------------------------------------

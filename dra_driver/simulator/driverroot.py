@@ -10,7 +10,9 @@ ld.so.cache, the binaries, the GSP firmware, the persistenced socket).
 
 The binaries are shell scripts running `dra_driver.simulator.tools.main(<name>, argv)` with a Python that has
 the package (all five: the tools module answers "unsupported" for the ones it does not simulate). The simulated
-machine's state directory is the parent of the driver root.
+machine's state directory is the parent of the driver root. Where that directory is out of reach (the script
+bind-mounted into a container by a CDI spec), `nvidia-smi` answers in shell alone (data/nvidia-smi-view.sh) from
+the container's device nodes and a table of the machine's devices kept in the script (`write_nvidia_smi`).
 
 Calling it again rewrites only what differs (each file through a temp file and a rename), so concurrent callers
 never see a half-written file; a second version installed into the same root lies next to the first, its links
@@ -66,16 +68,19 @@ try() {{
   fi
 }}
 self=$0
-{candidates}
+{view}{candidates}
 echo "{tool} (simulated): no Python with the dra_driver package on this machine" >&2
 exit 127
 """
 _CANDIDATE = re.compile(r'^try "([^"]+)" "([^"]+)" "\$@"$', re.MULTILINE)
 _MAX_CANDIDATES = 4
+SMI = "nvidia-smi"
+_SMI_VIEW = (Path(__file__).parent / "data" / "nvidia-smi-view.sh").read_text()
 
 
-def _tool_script(path: Path, tool: str, python: str) -> bytes:
-    """The script for `tool` naming `python` (and this process's dra_driver) plus the pairs already in it."""
+def _tool_script(path: Path, tool: str, python: str, smi_table: str = "") -> bytes:
+    """The script for `tool` naming `python` (and this process's dra_driver) plus the pairs already in it;
+    nvidia-smi's with `smi_table`."""
     own = (python, str(Path(dra_driver.__file__).resolve().parent))
     try:
         known = _CANDIDATE.findall(path.read_text())
@@ -83,7 +88,16 @@ def _tool_script(path: Path, tool: str, python: str) -> bytes:
         known = []
     pairs = known if own in known else [own, *known][:_MAX_CANDIDATES]
     lines = "\n".join(f'try "{py}" "{pkg}" "$@"' for py, pkg in pairs)
-    return _TOOL_SCRIPT.format(tool=tool, candidates=lines).encode()
+    view = _SMI_VIEW.replace("@DEVICES@\n", smi_table) if tool == SMI else ""
+    return _TOOL_SCRIPT.format(tool=tool, view=view, candidates=lines).encode()
+
+
+def write_nvidia_smi(root: Path, smi_table: str, *, tool_python: str = sys.executable) -> None:
+    """Rewrite the root's nvidia-smi with `smi_table`, the devices it shows in a container: lines `driver|...`,
+    `gpu|...`, `mig|...` as data/nvidia-smi-view.sh reads them. Callers serialise their writes (the simulator
+    writes under its state lock), so the last table written is the machine's."""
+    path = root / "usr" / "bin" / SMI
+    _write(path, _tool_script(path, SMI, tool_python, smi_table), 0o755)
 
 
 def multiarch() -> str:
@@ -98,8 +112,12 @@ def library_dir(root: Path) -> Path:
     return root / "usr" / "lib" / multiarch()
 
 
-def ensure_driver_root(root: Path, driver_version: str, *, tool_python: str = sys.executable) -> Path:
-    """Create or update the driver root at `root` for `driver_version`; returns `root`."""
+def ensure_driver_root(
+    root: Path, driver_version: str, *, tool_python: str = sys.executable, smi_table: str | None = ""
+) -> Path:
+    """Create or update the driver root at `root` for `driver_version`; returns `root`. `smi_table`: the devices
+    nvidia-smi shows in a container (`write_nvidia_smi`); None leaves nvidia-smi to a caller that writes it under
+    its own lock (a table written here, unlocked, could overwrite a newer one)."""
     if not driver_version or "/" in driver_version:
         raise ValueError(f"invalid driver version {driver_version!r}")
     libdir = library_dir(root)
@@ -112,6 +130,10 @@ def ensure_driver_root(root: Path, driver_version: str, *, tool_python: str = sy
             if dev_link:
                 _symlink(libdir / f"{base}.so", soname)
     for tool in TOOLS:
+        if tool == SMI:
+            if smi_table is not None:
+                write_nvidia_smi(root, smi_table, tool_python=tool_python)
+            continue
         path = root / "usr" / "bin" / tool
         _write(path, _tool_script(path, tool, tool_python), 0o755)
     for name in FIRMWARE:

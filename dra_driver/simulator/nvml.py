@@ -34,10 +34,10 @@ from dra_driver.simulator.catalog import (
     machine,
     product,
 )
-from dra_driver.simulator.driverroot import ensure_driver_root
+from dra_driver.simulator.driverroot import ensure_driver_root, write_nvidia_smi
 from dra_driver.simulator.events import GPU_LEVEL, EventSetState, EventStore
 from dra_driver.simulator.mig_rules import MigRuleError
-from dra_driver.simulator.procfs import write_fake_procfs
+from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor, write_fake_procfs
 from dra_driver.simulator.state import (
     ComputeInstanceState,
     GpuInstanceState,
@@ -100,6 +100,12 @@ def _fill(handles: list[Any], array_ref: Any, count_ref: Any) -> int:
     return int(pynvml.NVML_SUCCESS)
 
 
+def _mig_memory_mib(prod: ProductSpec, gi: GpuInstanceState) -> int:
+    # The usable memory of a MIG device depends on its placement (guide: A100-40GB 3g.20gb shows 20096MiB at 0:4
+    # and 20224MiB at 4:4), so it differs from the profile's memorySizeMB.
+    return mig_rules.profile_by_id(prod, gi.profile_id).memory_mib + (128 if gi.start else 0)
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -113,24 +119,43 @@ class SimulatedNvml:
         self.products: list[ProductSpec] = [product(g.product) for g in self.spec.gpus]
         self.minors = [i if g.minor is None else g.minor for i, g in enumerate(self.spec.gpus)]
         self.proc_root = self.state_dir / "proc"
-        self.store = StateStore(self.state_dir, self.spec, on_commit=self._sync_procfs)
-        self.sysfs_root = write_fake_sysfs(
-            self.state_dir / "sys", [g.pci_bus_id for g in self.spec.gpus], [g.pcie_root for g in self.spec.gpus]
-        )
-        ensure_driver_root(self.driver_root, self.spec.driver_version)
-        self._init_count = 0
         self.gpu_uuids = [
             "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.spec.name}/{i}/{g.pci_bus_id}"))
             for i, g in enumerate(self.spec.gpus)
         ]
+        self.store = StateStore(self.state_dir, self.spec, on_commit=self._sync_kernel_files)
+        self.sysfs_root = write_fake_sysfs(
+            self.state_dir / "sys", [g.pci_bus_id for g in self.spec.gpus], [g.pcie_root for g in self.spec.gpus]
+        )
+        ensure_driver_root(self.driver_root, self.spec.driver_version, smi_table=None)  # nvidia-smi: at commits
+        self._init_count = 0
 
     @property
     def driver_root(self) -> Path:
         """The driver's user-space files (libraries, binaries, firmware), as a host has them under `/`."""
         return self.state_dir / "driver-root"
 
-    def _sync_procfs(self, state: MachineState) -> None:
+    def _sync_kernel_files(self, state: MachineState) -> None:
         write_fake_procfs(self.proc_root, state, self.minors)
+        write_nvidia_smi(self.driver_root, self._smi_table(state))
+
+    def _smi_table(self, state: MachineState) -> str:
+        """What nvidia-smi in a container learns from the kernel: the devices and their device nodes' minors (the
+        table data/nvidia-smi-view.sh reads), GPUs by PCI bus id as nvidia-smi numbers them."""
+        cuda = self.spec.cuda_driver_version
+        lines = [f"driver|{self.spec.driver_version}|{cuda // 1000}.{cuda % 1000 // 10}"]
+        for index in sorted(range(len(state.gpus)), key=lambda i: self.spec.gpus[i].pci_bus_id):
+            gpu, prod, minor = state.gpus[index], self.products[index], self.minors[index]
+            mig = "Enabled" if gpu.mig_current else "Disabled"
+            bus = self.spec.gpus[index].pci_bus_id
+            lines.append(f"gpu|{minor}|{bus}|{self.gpu_uuids[index]}|{prod.memory_mib}|{mig}|{prod.name}")
+            for gi_id, ci_id in self._mig_devices(gpu):
+                gi = self._find_gi(gpu, gi_id)
+                ci = next(c for c in gi.compute_instances if c.id == ci_id)
+                caps = f"{gi_cap_minor(minor, gi_id)}|{ci_cap_minor(minor, gi_id, ci_id)}"
+                profile = mig_rules.profile_by_id(prod, gi.profile_id).name
+                lines.append(f"mig|{caps}|{gi_id}|{ci_id}|{_mig_memory_mib(prod, gi)}|{ci.uuid}|{profile}")
+        return "".join(line + "\n" for line in lines)
 
     # ----- plumbing -------------------------------------------------------------------------------------
     def _require_init(self) -> MachineState:
@@ -293,10 +318,7 @@ class SimulatedNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
         if _decode(handle)[0] == _KIND_MIG_DEVICE:
             _, _, prod, gi, _ = self._ci(handle)
-            mib = mig_rules.profile_by_id(prod, gi.profile_id).memory_mib
-            # The usable memory of a MIG device depends on its placement (guide: A100-40GB 3g.20gb shows
-            # 20096MiB at 0:4 and 20224MiB at 4:4), so it differs from the profile's memorySizeMB.
-            mib += 128 if gi.start else 0
+            mib = _mig_memory_mib(prod, gi)
         else:
             mib = self._gpu(handle)[2].memory_mib
         total = mib << 20
