@@ -167,11 +167,11 @@ def test_slices_deleted_behind_its_back_are_restored(control_plane, node_publish
     )
 
 
-def test_a_pool_changed_between_list_and_write_is_routine_once_and_a_warning_when_it_repeats(
+def test_a_pool_changed_between_list_and_write_is_routine_a_few_times_in_a_row_then_a_warning(
     control_plane, node_publisher, monkeypatch, caplog
 ) -> None:
     """A kubelet that restarts wipes the node's slices, maybe between the publisher's list and its writes: the
-    write gets 404, the next pass lists again. That is logged at INFO; the same failure again is a WARNING."""
+    write gets 404, the next pass lists again. That is logged at INFO a few times in a row; more is a WARNING."""
     pub, desired = node_publisher("pub-race")
     wait_for("pool published", lambda: pool_complete(control_plane, "pub-race", 9, 1))
     listed = Publisher._list
@@ -202,11 +202,12 @@ def test_a_pool_changed_between_list_and_write_is_routine_once_and_a_warning_whe
     wait_for("pool republished after the race", lambda: races[0] == 1 and pool_complete(control_plane, "pub-race", 9))
     assert len(failures(logging.INFO)) == 1 and "Not Found" in failures(logging.INFO)[0]
     assert failures(logging.WARNING) == []
-    budget[0] = 3  # two more in a row: no longer routine
+    budget[0] = 2 + publisher_module.QUIET_RACES  # one more than is routine, in a row
     desired.taints = {}
     pub.trigger()
-    wait_for("pool republished after two more", lambda: races[0] == 3 and pool_complete(control_plane, "pub-race", 9))
-    assert len(failures(logging.WARNING)) == 1
+    wait_for("pool republished after more in a row", lambda: races[0] == budget[0]
+             and pool_complete(control_plane, "pub-race", 9))  # fmt: skip
+    assert len(failures(logging.INFO)) == 1 + publisher_module.QUIET_RACES and len(failures(logging.WARNING)) == 1
 
 
 def test_two_publishers_two_nodes(control_plane, node_publisher) -> None:

@@ -44,6 +44,7 @@ class PublisherStats:
 
 
 _RACES = frozenset({404, 409})  # Not Found, Conflict: the pool changed under a write
+QUIET_RACES = 3
 
 
 def _content(obj: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +154,7 @@ class Publisher:
 
     def _loop(self) -> None:
         delay = self._backoff[0]
+        races = 0  # writes in a row that found the pool changed under them
         while not self._stop.is_set():
             self._wake.clear()
             try:
@@ -161,17 +163,18 @@ class Publisher:
                 self.metrics.publishes.labels(result="published" if changed else "unchanged").inc()
                 self.last_error = None
                 self.in_sync.set()
-                delay = self._backoff[0]
+                delay, races = self._backoff[0], 0
                 self._wake.wait()
             except (ApiError, OSError, ValueError) as e:  # API down, conflict, timeout: retry
                 self.stats.errors += 1
                 self.metrics.publishes.labels(result="error").inc()
                 self.in_sync.clear()
                 self.last_error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
-                raced = isinstance(e, ApiError) and e.status in _RACES and delay == self._backoff[0]
+                races = races + 1 if isinstance(e, ApiError) and e.status in _RACES else 0
                 # a slice deleted or changed between the list and the write (a restarting kubelet wipes the
-                # node's slices): routine, the next pass lists again; repeated, it is a problem
-                (log.info if raced else log.warning)(
+                # node's slices, at its start and again when the plugin registers): routine, the next pass lists
+                # again; more than a few in a row, it is a problem
+                (log.info if 0 < races <= QUIET_RACES else log.warning)(
                     "publishing pool %s failed (%s); retrying", self.node_name, self.last_error
                 )
                 self._wake.wait(random.uniform(0, delay))  # full jitter
