@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dra_driver.kube.rest import ApiError, KubeRest, connect, path_of
 from dra_driver.plugin.claims import KubeClaimSource, read_timeout
+from dra_driver.plugin.failures import ClaimFailure, FailureKind
 from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
@@ -44,7 +45,8 @@ class FloorPreparer:
             try:
                 claim = self.claims.get_claim(ref.namespace, ref.name, timeout=read_timeout(deadline))
                 if claim.metadata.uid != ref.uid or claim.status.allocation is None:
-                    out[ref.uid] = PrepareResult(error=f"claim {ref.name}: replaced or not allocated")
+                    why = f"claim {ref.name}: replaced or not allocated"
+                    out[ref.uid] = PrepareResult(failure=ClaimFailure.of(FailureKind.CLAIM_CHANGED, why))
                     continue
                 cdi_devices: list[dict[str, object]] = []
                 devices = []
@@ -66,17 +68,18 @@ class FloorPreparer:
                 os.replace(tmp, final)
                 out[ref.uid] = PrepareResult(devices=devices)
             except Exception as e:
-                out[ref.uid] = PrepareResult(error=f"{type(e).__name__}: {e}")
+                why = f"{type(e).__name__}: {e}"
+                out[ref.uid] = PrepareResult(failure=ClaimFailure.of(FailureKind.INTERNAL, why))
         return out
 
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
-        out: dict[str, str] = {}
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
+        out: dict[str, ClaimFailure | None] = {}
         for ref in claims:
             try:
                 self._path(ref.uid).unlink(missing_ok=True)
-                out[ref.uid] = ""
+                out[ref.uid] = None
             except OSError as e:
-                out[ref.uid] = str(e)
+                out[ref.uid] = ClaimFailure.of(FailureKind.IO, str(e))
         return out
 
 

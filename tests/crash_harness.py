@@ -45,8 +45,9 @@ import grpc
 import pynvml
 
 from dra_driver.claimstate import crashpoints
+from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.socket_identity import socket_id
-from dra_driver.plugin.types import ClaimRef, PrepareResult
+from dra_driver.plugin.types import ClaimRef
 from dra_driver.sharing import DriverRootRunner
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.tools.state import SharingState
@@ -391,7 +392,7 @@ class DaemonNode:
                 raise DaemonDied(f"daemon exited with {self.proc.returncode if self.proc else '?'}") from e
             raise
 
-    def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareResult]:
+    def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareAnswer]:
         return self._call(lambda: self.kubelet.prepare(refs))  # type: ignore[union-attr]
 
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
@@ -497,7 +498,7 @@ class Answer:
     mig_uuids: dict[str, str] = field(default_factory=dict)  # device -> MIG UUID in the checkpoint right after
 
 
-def _answer_ids(result: PrepareResult) -> dict[str, tuple[str, ...]]:
+def _answer_ids(result: PrepareAnswer) -> dict[str, tuple[str, ...]]:
     return {d.device: tuple(d.cdi_device_ids) for d in result.devices}
 
 
@@ -524,7 +525,7 @@ class Checker:
         refs = [self.refs[k] for k in keys]
         return self.record(keys, self.node.prepare(refs), what)
 
-    def record(self, keys: Sequence[str], out: dict[str, PrepareResult], what: str = "prepare") -> bool:
+    def record(self, keys: Sequence[str], out: dict[str, PrepareAnswer], what: str = "prepare") -> bool:
         """Take note of a prepare's answers (and of the MIG UUIDs the checkpoint has for them now)."""
         ok = True
         claims = None

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.plugin import features
+from dra_driver.plugin.failures import FailureKind
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 
 API = "gpu.resource.dra-driver.dev/v1alpha1"
@@ -27,7 +28,9 @@ def test_a_disabled_strategy_is_refused_and_changes_nothing(tmp_path: Path) -> N
         "apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}}}])  # fmt: skip
     node.add(mps)
     d = node.driver(feature_gates=features.parse("MPSSupport=false"))
-    err = d.prepare([ref(mps)])[mps["metadata"]["uid"]].error
+    result = d.prepare([ref(mps)])[mps["metadata"]["uid"]]
+    assert result.failure is not None and result.failure.kind is FailureKind.INVALID_CONFIG
+    err = result.error
     assert "MPS sharing is disabled on this node (feature gate MPSSupport=false)" in err
     assert node.cdi_files() == [] and d.checkpoint.claims == {}
 

@@ -18,7 +18,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dra_driver.plugin.failures import ClaimFailure, FailureKind
 from dra_driver.plugin.grpc import PluginServer, health, protos
+from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.server import SUPPORTED_VERSIONS
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.kubelet_harness import KubeletHarness, RegistrationError
@@ -32,7 +34,7 @@ class FakePreparer:
 
     def __init__(self) -> None:
         self.prepare_results: dict[str, PrepareResult] = {}
-        self.unprepare_results: dict[str, str] = {}
+        self.unprepare_results: dict[str, ClaimFailure] = {}
         self.prepare_error: Exception | None = None
         self.unprepare_error: Exception | None = None
         self.prepared: list[list[ClaimRef]] = []
@@ -44,11 +46,11 @@ class FakePreparer:
             raise self.prepare_error
         return {c.uid: self.prepare_results[c.uid] for c in claims if c.uid in self.prepare_results}
 
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
         self.unprepared.append(list(claims))
         if self.unprepare_error is not None:
             raise self.unprepare_error
-        return {c.uid: self.unprepare_results.get(c.uid, "") for c in claims}
+        return {c.uid: self.unprepare_results.get(c.uid) for c in claims}
 
 
 def claim(n: int) -> ClaimRef:
@@ -145,9 +147,9 @@ def test_prepare_and_unprepare(version: str, kubelet: KubeletHarness, preparer: 
     }
     got = kubelet.prepare([claim(1), claim(2)], version=version)
     assert preparer.prepared == [[claim(1), claim(2)]]
-    assert got["uid-1"] == PrepareResult(devices=[gpu(0), gpu(1, requests=[])])
+    assert got["uid-1"] == PrepareAnswer(devices=[gpu(0), gpu(1, requests=[])])
     # v1beta1 has no share_id field; v1 carries it with presence
-    assert got["uid-2"] == PrepareResult(devices=[gpu(2, share_id="share-7" if version == "v1" else None)])
+    assert got["uid-2"] == PrepareAnswer(devices=[gpu(2, share_id="share-7" if version == "v1" else None)])
     raw = kubelet.prepare_raw([claim(1)], version=version)
     assert raw.DESCRIPTOR.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.NodePrepareResourcesResponse"
     if version == "v1":
@@ -166,16 +168,16 @@ def test_kubelet_prefers_v1(kubelet: KubeletHarness, preparer: FakePreparer) -> 
 def test_per_claim_errors(kubelet: KubeletHarness, preparer: FakePreparer) -> None:
     preparer.prepare_results = {
         "uid-1": PrepareResult(devices=[gpu(0)]),
-        "uid-2": PrepareResult(devices=[gpu(1)], error="GPU-1 is busy"),
+        "uid-2": PrepareResult(devices=[gpu(1)], failure=ClaimFailure.of(FailureKind.DEVICE_IN_USE, "GPU-1 is busy")),
         # uid-3: no result at all
     }
     got = kubelet.prepare([claim(1), claim(2), claim(3)])
     assert set(got) == {"uid-1", "uid-2", "uid-3"}
-    assert got["uid-1"] == PrepareResult(devices=[gpu(0)])
-    assert got["uid-2"] == PrepareResult(error="GPU-1 is busy")  # devices of a failed claim are not sent
+    assert got["uid-1"] == PrepareAnswer(devices=[gpu(0)])
+    assert got["uid-2"] == PrepareAnswer(error="GPU-1 is busy")  # devices of a failed claim are not sent
     assert "no result" in got["uid-3"].error and "ns/claim-3" in got["uid-3"].error
 
-    preparer.unprepare_results = {"uid-2": "still in use"}
+    preparer.unprepare_results = {"uid-2": ClaimFailure.of(FailureKind.SHARING, "still in use")}
     assert kubelet.unprepare([claim(1), claim(2)]) == {"uid-1": "", "uid-2": "still in use"}
 
 
@@ -317,7 +319,7 @@ def test_metrics(kubelet: KubeletHarness, preparer: FakePreparer, registry: Coll
     preparer.prepare_results = {
         "uid-1": PrepareResult(devices=[gpu(0), gpu(1)]),
         "uid-2": PrepareResult(devices=[gpu(2)]),
-        "uid-3": PrepareResult(error="busy"),
+        "uid-3": PrepareResult(failure=ClaimFailure.of(FailureKind.DEVICE_IN_USE, "busy")),
     }
     kubelet.prepare([claim(1), claim(2)])  # ok: 3 devices
     kubelet.prepare([claim(1)], version="v1beta1")  # repeated: still 3 devices
@@ -332,15 +334,15 @@ def test_metrics(kubelet: KubeletHarness, preparer: FakePreparer, registry: Coll
     def req(method: tuple[tuple[str, str], ...], result: str) -> float:
         return s.get(("dra_driver_grpc_requests_total", (*method, ("result", result))), 0.0)
 
-    def err(method: tuple[tuple[str, str], ...], kind: str) -> float:
-        return s.get(("dra_driver_grpc_errors_total", (*method, ("type", kind))), 0.0)
+    def err(method: tuple[tuple[str, str], ...], kind: str, claim_kind: str = "") -> float:
+        return s.get(("dra_driver_grpc_errors_total", (("kind", claim_kind), *method, ("type", kind))), 0.0)
 
     assert req(prep, "ok") == 2
     assert req(prep, "claim_error") == 2
     assert req(unprep, "ok") == 1
     assert s[("dra_driver_grpc_requests_total", (("method", "GetInfo"), ("result", "ok")))] == 1
     assert s[("dra_driver_grpc_requests_total", (("method", "NotifyRegistrationStatus"), ("result", "ok")))] == 1
-    assert err(prep, "claim_error") == 1
+    assert err(prep, "claim_error", "device_in_use") == 1
     assert err(prep, "missing_result") == 1
     assert err(prep, "preparer_exception") == 1
     assert s[("dra_driver_grpc_request_duration_seconds_count", prep)] == 4
@@ -355,7 +357,32 @@ def test_failed_registration_metrics(server: PluginServer, short_dir: Path, regi
     s = _samples(registry)
     method = ("method", "NotifyRegistrationStatus")
     assert s[("dra_driver_grpc_requests_total", (method, ("result", "rpc_error")))] == 1
-    assert s[("dra_driver_grpc_errors_total", (method, ("type", "registration_failed")))] == 1
+    assert s[("dra_driver_grpc_errors_total", (("kind", ""), method, ("type", "registration_failed")))] == 1
+
+
+def test_claim_failures_are_counted_by_kind(
+    kubelet: KubeletHarness, preparer: FakePreparer, registry: CollectorRegistry
+) -> None:
+    deadline = ClaimFailure.of(FailureKind.DEADLINE, "deadline exceeded before claim ns/claim-1 could be read")
+    invalid = ClaimFailure.of(FailureKind.INVALID_CONFIG, "invalid GpuConfig")
+    preparer.prepare_results = {"uid-1": PrepareResult(failure=deadline), "uid-2": PrepareResult(failure=invalid)}
+    preparer.unprepare_results = {"uid-3": ClaimFailure.of(FailureKind.SHARING, "nvidia-smi exited with 15")}
+    got = kubelet.prepare([claim(1), claim(2)])
+    kubelet.prepare([claim(1)])
+    assert {uid: r.error for uid, r in got.items()} == {"uid-1": deadline.message, "uid-2": "invalid GpuConfig"}
+    assert kubelet.unprepare([claim(3)]) == {"uid-3": "nvidia-smi exited with 15"}
+
+    s = _samples(registry)
+    errors = {
+        (labels["method"], labels["kind"]): value
+        for (name, label_items), value in s.items()
+        if name == "dra_driver_grpc_errors_total" and (labels := dict(label_items))["type"] == "claim_error"
+    }
+    assert errors == {
+        ("NodePrepareResources", "deadline"): 2,
+        ("NodePrepareResources", "invalid_config"): 1,
+        ("NodeUnprepareResources", "sharing"): 1,
+    }
 
 
 def test_stubs_are_generated_once_into_a_content_keyed_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -398,7 +425,7 @@ def test_a_stopping_instance_leaves_the_sockets_of_the_one_that_replaced_it(shor
                 assert stat.S_ISSOCK(path.lstat().st_mode) and _serving(path)
             with KubeletHarness(dirs[1], DRIVER) as kubelet:
                 kubelet.register()
-                assert kubelet.prepare([claim(1)]) == {"uid-1": PrepareResult(devices=[gpu(1)])}
+                assert kubelet.prepare([claim(1)]) == {"uid-1": PrepareAnswer(devices=[gpu(1)])}
             assert old.prepared == [] and new.prepared == [[claim(1)]]
             assert b.wait_registered(timeout=1)
         finally:
@@ -422,7 +449,7 @@ def test_deleted_sockets_are_served_again(preparer: FakePreparer, short_dir: Pat
             wait_until(f"{path} is served again", lambda p=path: p.exists() and _serving(p), timeout=10)
         with KubeletHarness(registry_dir, DRIVER) as again:  # what the kubelet does when the socket reappears
             again.register()
-            assert again.prepare([claim(1)]) == {"uid-1": PrepareResult(devices=[gpu(1)])}
+            assert again.prepare([claim(1)]) == {"uid-1": PrepareAnswer(devices=[gpu(1)])}
         assert kubelet.unprepare([claim(1)]) == {"uid-1": ""}  # its connection to the old socket: reconnected
     assert not srv.dra_socket_path.exists() and not srv.registration_socket_path.exists()
 
@@ -501,6 +528,6 @@ def test_the_call_deadline_reaches_the_preparer_and_bounds_the_wait_for_a_serial
             assert "deadline exceeded waiting for another prepare or unprepare" in got["uid-2"]
         finally:
             release.set()
-        assert first.result() == {"uid-1": PrepareResult(devices=[gpu(1)])}
+        assert first.result() == {"uid-1": PrepareAnswer(devices=[gpu(1)])}
         (deadline,) = slow.deadlines
         assert deadline is not None and 30 < deadline - time.monotonic() <= 45

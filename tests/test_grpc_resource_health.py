@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dra_driver.plugin.grpc import PluginServer, health, protos
+from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.resource_health import (
     HEALTHY,
     UNHEALTHY,
@@ -228,8 +229,8 @@ def test_prepares_and_unprepares_work_while_streams_are_open(short_dir: Path, de
             assert "prepare refused" in kubelet.prepare([claim(2)], timeout=5)["uid-2"].error
             assert kubelet.unprepare([claim(3)], timeout=5) == {"uid-3": ""}
             release.set()
-            assert first.result(timeout=10) == {"uid-1": PrepareResult(devices=[gpu(1)])}
-            assert kubelet.prepare([claim(2)], timeout=5) == {"uid-2": PrepareResult(devices=[gpu(2)])}
+            assert first.result(timeout=10) == {"uid-1": PrepareAnswer(devices=[gpu(1)])}
+            assert kubelet.prepare([claim(2)], timeout=5) == {"uid-2": PrepareAnswer(devices=[gpu(2)])}
             devices.set("gpu-0", False)
             for s in streams:
                 got = next(s)

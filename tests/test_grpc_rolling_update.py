@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dra_driver.plugin.grpc import PluginServer
+from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.probe import plugin_sockets
 from dra_driver.plugin.grpc.server import dra_socket_name, registrar_socket_name
 from dra_driver.plugin.types import PrepareResult
@@ -118,7 +119,7 @@ def test_two_instances_with_pod_uids_serve_and_register_side_by_side(short_dir: 
                 assert to_b.register(socket=b.registration_socket_path).endpoint == str(b.dra_socket_path)
                 assert a.wait_registered(timeout=1) and b.wait_registered(timeout=1)
                 # a claim prepared by one instance is unprepared by the other: each call goes where it was sent
-                assert to_a.prepare([claim(1)]) == {"uid-1": PrepareResult(devices=[gpu(1)])}
+                assert to_a.prepare([claim(1)]) == {"uid-1": PrepareAnswer(devices=[gpu(1)])}
                 assert to_b.unprepare([claim(1)]) == {"uid-1": ""}
                 assert old.prepared == [[claim(1)]] and new.unprepared == [[claim(1)]]
 
@@ -126,7 +127,7 @@ def test_two_instances_with_pod_uids_serve_and_register_side_by_side(short_dir: 
                 assert not a.dra_socket_path.exists() and not a.registration_socket_path.exists()
                 for path in (b.dra_socket_path, b.registration_socket_path):
                     assert _serving(path)
-                assert to_b.prepare([claim(2)]) == {"uid-2": PrepareResult(devices=[gpu(2)])}
+                assert to_b.prepare([claim(2)]) == {"uid-2": PrepareAnswer(devices=[gpu(2)])}
             with KubeletHarness(_dirs(short_dir)[1], DRIVER) as kubelet:
                 assert kubelet.registration_sockets() == [b.registration_socket_path]
                 assert kubelet.register().endpoint == str(b.dra_socket_path)  # what a restarted kubelet finds

@@ -147,7 +147,7 @@ def test_mig_level_xid_taints_the_partition_and_what_shares_its_slices(health: H
     }
     assert tainted == overlapping
     assert "gpu-2-mig-3g40gb-9-0" not in tainted  # slices 0-3: still schedulable
-    assert health.driver.unprepare([ref(c)]) == {uid: ""}
+    assert health.driver.unprepare([ref(c)]) == {uid: None}
 
 
 def test_mig_level_xid_of_an_instance_the_driver_did_not_carve_is_found_through_nvml(node: Node) -> None:

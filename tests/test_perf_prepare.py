@@ -20,6 +20,7 @@ from dra_driver.plugin import driver as driver_module
 from dra_driver.plugin.claims import DeviceClass, KubeClaimSource, ResourceClaim
 from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
 from dra_driver.plugin.driver import Driver, PluginSettings
+from dra_driver.plugin.failures import FailureKind
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.plugin_helpers import DRIVER, GPU_CLASS, Node, claim, ref
@@ -295,7 +296,7 @@ def test_a_plugin_process_reads_the_checkpoint_again_only_when_the_other_one_wro
     monkeypatch.setattr(Checkpoint, "_load", lambda self: loads.append(1) or original(self))
     a.prepare([ref(x)])  # idempotent, a's own file: not read again
     assert loads == []
-    assert a.unprepare([ref(x)]) == {ref(x).uid: ""}
+    assert a.unprepare([ref(x)]) == {ref(x).uid: None}
     assert not b.prepare([ref(y)])[ref(y).uid].error  # b reads a's unprepare
     assert loads == [1]
 
@@ -317,7 +318,9 @@ def test_a_checkpoint_write_that_failed_is_not_kept_in_memory(tmp_path: Path, mo
         real_replace(src, dst)
 
     monkeypatch.setattr(checkpoint_module.os, "replace", replace)
-    assert "No space left" in d.prepare([ref(x)])[ref(x).uid].error
+    result = d.prepare([ref(x)])[ref(x).uid]
+    assert "No space left" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.IO
     full[0] = False
     assert not d.prepare([ref(y)])[ref(y).uid].error
     assert set(json.loads(d.checkpoint.path.read_text())["data"]["claims"]) == {ref(other).uid, ref(y).uid}
@@ -340,7 +343,7 @@ def test_checkpoint_saves_never_rename_over_the_old_file(tmp_path: Path, monkeyp
     monkeypatch.setattr(checkpoint_module.os, "replace", replace)
     for c in (x, y):
         assert not d.prepare([ref(c)])[ref(c).uid].error
-    assert d.unprepare([ref(x), ref(y)]) == {ref(x).uid: "", ref(y).uid: ""}
+    assert d.unprepare([ref(x), ref(y)]) == {ref(x).uid: None, ref(y).uid: None}
     assert len(over) >= 4 and not any(over)
 
 

@@ -83,7 +83,7 @@ def test_prepare_with_claims_from_the_api_server(control_plane, tmp_path: Path) 
         assert "got replaced" in d.prepare([stale])[stale.uid].error
         missing = ClaimRef(namespace="default", name="does-not-exist", uid="u")
         assert "retrieve claim default/does-not-exist" in d.prepare([missing])["u"].error
-        assert d.unprepare(refs) == {r.uid: "" for r in refs}
+        assert d.unprepare(refs) == {r.uid: None for r in refs}
         assert not list((tmp_path / "cdi").glob("*.json"))
     finally:
         d.close()

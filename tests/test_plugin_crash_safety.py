@@ -22,6 +22,7 @@ from dra_driver.cdi.store import CdiStore
 from dra_driver.claimstate.checkpoint import CheckpointVersionError, ClaimState
 from dra_driver.nvml.mig import destroy_gpu_instance
 from dra_driver.plugin.driver import Driver
+from dra_driver.plugin.failures import FailureKind
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 from tests.simhelpers import create_full_ci, create_gi
 
@@ -69,7 +70,9 @@ def _interrupted_unprepare_then_b_reuses_the_id(node: Node, monkeypatch: pytest.
     a_mig = d.checkpoint.claims[_uid(a)].devices[0].mig
     assert a_mig is not None
     with _cdi_removal_fails(monkeypatch):
-        assert "Input/output error" in d.unprepare([ref(a)])[_uid(a)]
+        failure = d.unprepare([ref(a)])[_uid(a)]
+        assert failure is not None and "Input/output error" in failure.message
+        assert failure.kind is FailureKind.IO and failure.retryable
     assert a_mig.uuid not in _mig_uuids(node)  # A's GPU instance is destroyed, its unprepare did not finish
     assert d.prepare([ref(b)])[_uid(b)].error == ""
     b_mig = d.checkpoint.claims[_uid(b)].devices[0].mig
@@ -81,7 +84,7 @@ def test_retried_unprepare_never_destroys_a_device_that_reuses_the_id(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     d, (a, b, b_mig) = _interrupted_unprepare_then_b_reuses_the_id(node, monkeypatch)
-    assert d.unprepare([ref(a)]) == {_uid(a): ""}  # the kubelet's retry
+    assert d.unprepare([ref(a)]) == {_uid(a): None}  # the kubelet's retry
     assert b_mig.uuid in _mig_uuids(node)  # B's partition survives
     assert node.mig_instances() == [(0, 19, 5)] and node.cdi_files() == [spec_file_name(DRIVER, _uid(b))]
     restarted = node.driver()  # and a restart keeps it too
@@ -164,8 +167,9 @@ def test_failed_prepare_on_a_read_only_cdi_root_releases_everything(node: Node, 
     node.add(c)
     d = node.driver()
     _remount(cdi_mount, "ro")
-    error = d.prepare([ref(c)])[_uid(c)].error
-    assert "Read-only file system" in error
+    result = d.prepare([ref(c)])[_uid(c)]
+    assert "Read-only file system" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.IO and result.failure.retryable
     assert _uid(c) not in d.checkpoint.claims and node.mig_instances() == []
     assert node.sim.store.read().gpus[0].mig_current == 0
     _remount(cdi_mount, "rw")
@@ -178,12 +182,13 @@ def test_unprepare_on_a_read_only_cdi_root_frees_the_devices_and_finishes_later(
     d = node.driver()
     assert d.prepare([ref(a)])[_uid(a)].error == ""
     _remount(cdi_mount, "ro")
-    assert "Read-only file system" in d.unprepare([ref(a)])[_uid(a)]
+    failure = d.unprepare([ref(a)])[_uid(a)]
+    assert failure is not None and "Read-only file system" in failure.message and failure.kind is FailureKind.IO
     assert node.mig_instances() == []  # the partition is free although the spec could not go
     assert all(dev.released for dev in d.checkpoint.claims[_uid(a)].devices)
     _remount(cdi_mount, "rw")
     assert d.prepare([ref(b)])[_uid(b)].error == ""  # another claim gets the same partition
-    assert d.unprepare([ref(a)]) == {_uid(a): ""}  # the kubelet's retry finishes the job
+    assert d.unprepare([ref(a)]) == {_uid(a): None}  # the kubelet's retry finishes the job
     assert node.cdi_files() == [spec_file_name(DRIVER, _uid(b))] and node.mig_instances() == [(0, 19, 6)]
 
 
@@ -276,7 +281,7 @@ def test_a_save_killed_between_its_unlink_and_its_rename_is_completed_at_the_nex
     }
     assert (node.plugin_dir / "checkpoint.json").exists() and not (node.plugin_dir / ".checkpoint.json.tmp").exists()
     assert len(node.cdi_files()) == 2
-    assert d.unprepare([ref(first), ref(second)]) == {_uid(first): "", _uid(second): ""}
+    assert d.unprepare([ref(first), ref(second)]) == {_uid(first): None, _uid(second): None}
     assert node.mig_instances() == [] and node.cdi_files() == []
 
 
@@ -344,7 +349,9 @@ def test_one_claims_nvml_error_in_unprepare_stays_that_claims(node: Node, monkey
 
     monkeypatch.setattr(node.sim, "nvmlDeviceGetHandleByUUID", handle)
     out = d.unprepare([ref(lost), ref(good)])
-    assert out[_uid(good)] == "" and "GPU is lost" in out[_uid(lost)]
+    failure = out[_uid(lost)]
+    assert out[_uid(good)] is None and failure is not None and "GPU is lost" in failure.message
+    assert failure.kind is FailureKind.MIG and not failure.retryable  # a lost GPU is back only after a reset
     assert node.mig_instances() == [(0, 19, 6)]
 
 
@@ -392,8 +399,9 @@ def test_a_held_node_lock_ends_the_wait_at_the_deadline(node: Node) -> None:
     with open(node.plugin_dir / "pu.lock") as other:  # another plugin process holds the lock, stalled
         fcntl.flock(other, fcntl.LOCK_EX)
         start = time.monotonic()
-        error = d.prepare([ref(c)], deadline=start + 1.5)[_uid(c)].error
-        assert "deadline exceeded waiting for the node's device lock" in error
+        result = d.prepare([ref(c)], deadline=start + 1.5)[_uid(c)]
+        assert "deadline exceeded waiting for the node's device lock" in result.error
+        assert result.failure is not None and result.failure.kind is FailureKind.LOCK_TIMEOUT
         assert time.monotonic() - start < 1.5 and node.cdi_files() == []
     assert d.prepare([ref(c)], deadline=time.monotonic() + 5)[_uid(c)].error == ""
 

@@ -24,9 +24,10 @@ from kubernetes import client
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.plugin.claims import API_TIMEOUT_S, DeviceClass, KubeClaimSource, ResourceClaim, StaticClaimSource
 from dra_driver.plugin.driver import Driver
+from dra_driver.plugin.failures import FailureKind
 from dra_driver.plugin.grpc import PluginServer
+from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.probe import probe_socket
-from dra_driver.plugin.types import PrepareResult
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 from tests.polling import wait_until
@@ -94,7 +95,7 @@ def test_prepares_honour_the_deadline_and_leave_workers_for_unprepares(tmp_path:
             assert kubelet.unprepare([ref(prepared)], timeout=deadline_s / 2) == {prepared["metadata"]["uid"]: ""}
             assert time.monotonic() - t < 2.0  # the prepares block until 0.5 s before their deadline
             assert source.waiting >= 1 and not all(f.done() for f in futures)  # they were still blocked
-            results: list[PrepareResult] = [r for f in futures for r in f.result().values()]  # no RPC failed
+            results: list[PrepareAnswer] = [r for f in futures for r in f.result().values()]  # no RPC failed
             took = time.monotonic() - start
             assert took < deadline_s  # answered before the kubelet gave up, not cut off by it
             assert len(results) == len(waiting)
@@ -118,8 +119,10 @@ def test_prepare_past_its_deadline_reads_nothing_and_says_so(tmp_path: Path) -> 
     node.add(c)
     source = node.source = StalledClaims(node.source)  # type: ignore[assignment]
     d = node.driver()
-    error = d.prepare([ref(c)], deadline=time.monotonic() - 1)[c["metadata"]["uid"]].error
+    result = d.prepare([ref(c)], deadline=time.monotonic() - 1)[c["metadata"]["uid"]]
+    error = result.error
     assert "deadline exceeded" in error and f"default/{c['metadata']['name']}" in error
+    assert result.failure is not None and result.failure.kind is FailureKind.DEADLINE and result.failure.retryable
     assert source.timeouts == [] and node.cdi_files() == []
 
 
@@ -211,11 +214,13 @@ def test_an_unprepare_waiting_on_a_held_node_lock_ends_at_its_deadline(tmp_path:
     uid = c["metadata"]["uid"]
     with node_lock_held(node):
         start = time.monotonic()
-        error = d.unprepare([ref(c)], deadline=start + 1.5)[uid]
+        failure = d.unprepare([ref(c)], deadline=start + 1.5)[uid]
         assert time.monotonic() - start < 1.5  # answered before the caller gives up
+        assert failure is not None and failure.kind is FailureKind.LOCK_TIMEOUT and failure.retryable
+        error = failure.message
         assert "deadline exceeded waiting for the node's device lock" in error and "nothing was changed" in error
         assert uid in d.checkpoint.claims and node.cdi_files() != []  # nothing was changed
-    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: ""}  # the kubelet's retry
+    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: None}  # the kubelet's retry
     assert uid not in d.checkpoint.claims and node.cdi_files() == []
 
 
@@ -268,9 +273,9 @@ def test_start_up_serves_while_another_process_holds_the_node_lock(tmp_path: Pat
         (d,) = started
         assert not d.recovered and orphan.exists()
         uid = c["metadata"]["uid"]
-        error = d.unprepare([ref(c)], deadline=time.monotonic() + 1)[uid]
-        assert "deadline exceeded" in error
+        failure = d.unprepare([ref(c)], deadline=time.monotonic() + 1)[uid]
+        assert failure is not None and "deadline exceeded" in failure.message and failure.retryable
     wait_until("start-up recovery, once the lock is free", lambda: d.recovered, timeout=10)
     assert uid in d.checkpoint.claims and not orphan.exists()  # a prepared claim is kept, the orphan spec removed
-    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: ""}
+    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: None}
     d.close()

@@ -13,6 +13,7 @@ import pytest
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.claimstate.checkpoint import CheckpointCorruptError, ClaimState
 from dra_driver.plugin import driver as driver_module
+from dra_driver.plugin.failures import FailureKind
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 
@@ -78,7 +79,7 @@ def test_an_admins_mig_device_is_used_as_it_is_in_static_mode_and_left_on_unprep
     caps = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"] if "nvidia-caps" in n["path"]]
     assert len(caps) == 2  # its GPU instance's and compute instance's capability nodes
     assert d.checkpoint.claims[uid].devices[0].mig is None  # not the driver's: nothing to destroy
-    assert d.unprepare([ref(c)]) == {uid: ""}
+    assert d.unprepare([ref(c)]) == {uid: None}
     assert node.mig_instances() == [(0, 19, 0)]  # still there, as the admin made it
 
 
@@ -92,8 +93,11 @@ def test_an_admins_mig_device_replaced_since_discovery_is_refused(node: Node) ->
     d = node.driver(mode=PublishMode.STATIC)
     destroy_at(node.sim, d.inventory.gpu_by_minor(0).uuid, 19, 0)
     _admin_mig(node)  # the same placement again: another UUID
-    error = d.prepare([ref(c)])[c["metadata"]["uid"]].error
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    error = result.error
     assert "gpu-0-mig-1g10gb-19-0" in error and ("no longer exists" in error or "not the published" in error), error
+    assert result.failure is not None and result.failure.kind is FailureKind.DEVICE_UNKNOWN
+    assert not result.failure.retryable
     assert node.cdi_files() == []
 
 
@@ -113,7 +117,7 @@ def test_mig_partition_is_carved_and_destroyed(node: Node) -> None:
     assert {"/dev/nvidia2", gi_node, ci_node} <= set(nodes)
     assert nodes[gi_node]["type"] == "c" and nodes[gi_node]["major"] == 511
     assert spec["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={live.uuid}"]
-    assert d.unprepare([ref(c)]) == {uid: ""}
+    assert d.unprepare([ref(c)]) == {uid: None}
     assert node.mig_instances() == []
     assert node.sim.store.read().gpus[2].mig_current == 0  # Hopper: MIG switched off again
     assert node.cdi_files() == [] and uid not in d.checkpoint.claims
@@ -121,7 +125,7 @@ def test_mig_partition_is_carved_and_destroyed(node: Node) -> None:
 
 def test_unknown_claim_unprepare_is_a_no_op_success(node: Node) -> None:
     c = claim(["gpu-0"])
-    assert node.driver().unprepare([ref(c)]) == {c["metadata"]["uid"]: ""}
+    assert node.driver().unprepare([ref(c)]) == {c["metadata"]["uid"]: None}
 
 
 def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
@@ -129,20 +133,26 @@ def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
 
 
 @pytest.mark.parametrize(
-    ("devices", "kwargs", "message"),
+    ("devices", "kwargs", "message", "kind"),
     [
-        (["gpu-9"], {}, "device gpu-9 is not a device of this node"),
-        (["gpu-0-mig-3g40gb-9-2"], {"device_class": "mig"}, "not a device of this node"),
-        (["gpu-0"], {"pool": "node-b"}, "allocated from pool node-b, not this node's"),
-        (["gpu-0", "gpu-0-mig-1g10gb-19-3"], {}, "overlap"),
+        (["gpu-9"], {}, "device gpu-9 is not a device of this node", FailureKind.DEVICE_UNKNOWN),
+        (["gpu-0-mig-3g40gb-9-2"], {"device_class": "mig"}, "not a device of this node", FailureKind.DEVICE_UNKNOWN),
+        (["gpu-0"], {"pool": "node-b"}, "allocated from pool node-b, not this node's", FailureKind.DEVICE_UNKNOWN),
+        (["gpu-0", "gpu-0-mig-1g10gb-19-3"], {}, "overlap", FailureKind.DEVICE_IN_USE),
         (
             ["gpu-0"],
             {"selectors": ["device.attributes['gpu.dra-driver.dev'].productName.startsWith('NVIDIA A100')"]},
             "no longer matches claim request r0: selector #0",
+            FailureKind.SELECTOR_MISMATCH,
         ),
-        (["gpu-0"], {"device_class": "mig"}, "no longer matches class mig: selector #0"),
-        (["gpu-0"], {"selectors": ["device.attributes['gpu.dra-driver.dev'].nope == 1"]}, "no such key"),
-        (["gpu-0"], {"device_class": "missing"}, "device class missing"),
+        (["gpu-0"], {"device_class": "mig"}, "no longer matches class mig: selector #0", FailureKind.SELECTOR_MISMATCH),
+        (
+            ["gpu-0"],
+            {"selectors": ["device.attributes['gpu.dra-driver.dev'].nope == 1"]},
+            "no such key",
+            FailureKind.SELECTOR_MISMATCH,
+        ),
+        (["gpu-0"], {"device_class": "missing"}, "device class missing", FailureKind.NOT_FOUND),
         (
             ["gpu-0"],
             {
@@ -162,6 +172,7 @@ def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
                 ]
             },
             "invalid GpuConfig: sharing.strategy",
+            FailureKind.INVALID_CONFIG,
         ),
         (
             ["gpu-0"],
@@ -178,6 +189,7 @@ def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
                 ]
             },
             "extra: Extra inputs are not permitted",
+            FailureKind.INVALID_CONFIG,
         ),
         (
             ["gpu-0-mig-1g10gb-19-0"],
@@ -192,6 +204,7 @@ def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
                 ],
             },
             "a GpuConfig cannot configure a mig device",
+            FailureKind.INVALID_CONFIG,
         ),
         (
             ["gpu-0"],
@@ -205,43 +218,101 @@ def _assert_nothing_changed(node: Node, d: driver_module.Driver) -> None:
                 ]
             },
             "unsupported apiVersion 'v9'",
+            FailureKind.INVALID_CONFIG,
         ),
     ],
 )
-def test_bad_claims_get_a_clear_error_and_change_nothing(node: Node, devices, kwargs, message) -> None:
+def test_bad_claims_get_a_clear_error_and_change_nothing(node: Node, devices, kwargs, message, kind) -> None:
     c = claim(devices, **kwargs)
     node.add(c)
     d = node.driver()
     result = d.prepare([ref(c)])[c["metadata"]["uid"]]
     assert message in result.error and result.devices == []
+    # what the claim or its class says: the kubelet's retry gets the same answer
+    assert result.failure is not None and result.failure.kind is kind and not result.failure.retryable
     _assert_nothing_changed(node, d)
 
 
 def test_claim_level_errors(node: Node) -> None:
     d = node.driver()
     ghost = claim(["gpu-0"])
-    assert "retrieve claim default/" in d.prepare([ref(ghost)])[ghost["metadata"]["uid"]].error
+    missing = d.prepare([ref(ghost)])[ghost["metadata"]["uid"]]
+    assert "retrieve claim default/" in missing.error
+    assert missing.failure is not None and missing.failure.kind is FailureKind.NOT_FOUND
     replaced = claim(["gpu-0"])
     node.add(replaced)
     stale = ref(replaced).model_copy(update={"uid": "old-uid"})
-    assert "got replaced" in d.prepare([stale])["old-uid"].error
+    got = d.prepare([stale])["old-uid"]
+    assert "got replaced" in got.error
+    assert got.failure is not None and got.failure.kind is FailureKind.CLAIM_CHANGED
     unallocated = claim(["gpu-0"])
     unallocated["status"] = {}
     node.add(unallocated)
-    assert "not allocated" in d.prepare([ref(unallocated)])[unallocated["metadata"]["uid"]].error
+    got = d.prepare([ref(unallocated)])[unallocated["metadata"]["uid"]]
+    assert "not allocated" in got.error
+    assert got.failure is not None and got.failure.kind is FailureKind.CLAIM_CHANGED and not got.failure.retryable
     _assert_nothing_changed(node, d)
 
 
-def test_api_server_down_is_a_per_claim_error(node: Node, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("read", "message"), [("get_claim", "retrieve claim default/"), ("get_device_class", "retrieve device class gpu")]
+)
+def test_api_server_down_is_a_per_claim_error(node: Node, monkeypatch, read: str, message: str) -> None:
     c = claim(["gpu-0"])
     node.add(c)
     d = node.driver()
 
-    def down(namespace: str, name: str, **kwargs):  # type: ignore[no-untyped-def]
+    def down(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ConnectionRefusedError("connection refused")
 
-    monkeypatch.setattr(node.source, "get_claim", down)
-    assert "connection refused" in d.prepare([ref(c)])[c["metadata"]["uid"]].error
+    monkeypatch.setattr(node.source, read, down)
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "connection refused" in result.error and message in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.API_UNAVAILABLE
+    assert result.failure.retryable
+    _assert_nothing_changed(node, d)
+
+
+def test_a_result_naming_no_request_of_the_claim_is_refused(node: Node) -> None:
+    c = claim(["gpu-0"])
+    c["status"]["allocation"]["devices"]["results"][0]["request"] = "gone"
+    node.add(c)
+    d = node.driver()
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "has no request 'gone'" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.CLAIM_CHANGED
+    _assert_nothing_changed(node, d)
+
+
+def test_a_node_without_the_nvidia_device_nodes_fails_the_claim(node: Node) -> None:
+    c = claim(["gpu-0"])
+    node.add(c)
+    d = node.driver()
+    (node.sim.proc_root / "devices").write_text("Character devices:\n  1 mem\n\nBlock devices:\n  8 sd\n")
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "is the NVIDIA driver loaded?" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.CDI and result.failure.retryable
+    _assert_nothing_changed(node, d)
+
+
+def test_a_bug_is_an_internal_failure_of_that_claim_logged_with_its_traceback(
+    node: Node, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = claim(["gpu-0"])
+    node.add(c)
+    d = node.driver()
+
+    def bug(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(driver_module, "claim_spec", bug)
+    with caplog.at_level("WARNING", logger=driver_module.__name__):
+        result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert result.error == "ValueError: a bug"
+    assert result.failure is not None and result.failure.kind is FailureKind.INTERNAL and not result.failure.retryable
+    (record,) = [r for r in caplog.records if c["metadata"]["uid"] in r.getMessage()]
+    assert record.levelname == "ERROR" and record.exc_info is not None
+    assert "failed [internal, not retryable]: ValueError: a bug" in record.getMessage()
     _assert_nothing_changed(node, d)
 
 
@@ -255,7 +326,9 @@ def test_a_device_held_by_another_claim_is_refused(node: Node) -> None:
     d = node.driver()
     assert d.prepare([ref(first)])[first["metadata"]["uid"]].error == ""
     assert "which claim" in d.prepare([ref(second)])[second["metadata"]["uid"]].error
-    assert "which claim" in d.prepare([ref(whole)])[whole["metadata"]["uid"]].error
+    held = d.prepare([ref(whole)])[whole["metadata"]["uid"]]
+    assert "which claim" in held.error
+    assert held.failure is not None and held.failure.kind is FailureKind.DEVICE_IN_USE and held.failure.retryable
     assert node.mig_instances() == [(1, 9, 0)]
 
 
@@ -268,8 +341,9 @@ def test_a_partition_taken_outside_the_driver_is_reported(node: Node) -> None:
     create_gi(node.sim, dev, 19, 5, 1)  # someone else carves a 1g at slice 5
     c = claim(["gpu-4-mig-2g20gb-14-4"], device_class="mig")
     node.add(c)
-    err = d.prepare([ref(c)])[c["metadata"]["uid"]].error
-    assert "NVML_ERROR_INSUFFICIENT_RESOURCES" in err
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "NVML_ERROR_INSUFFICIENT_RESOURCES" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.MIG
     assert node.mig_instances() == [(4, 19, 5)] and c["metadata"]["uid"] not in d.checkpoint.claims
 
 
@@ -465,7 +539,7 @@ def test_one_hundred_concurrent_prepares_leave_a_consistent_state(node: Node) ->
     assert node.cdi_files() == sorted(spec_file_name(DRIVER, uid) for uid in completed)
     migs = sorted((int(h.name.split("-")[1]), h.profile.id, h.placement_start) for h in held if h.profile)
     assert node.mig_instances() == migs
-    assert all(e == "" for e in d.unprepare([ref(c) for c in ok]).values())
+    assert all(e is None for e in d.unprepare([ref(c) for c in ok]).values())
     assert node.mig_instances() == [] and node.cdi_files() == [] and d.checkpoint.claims == {}
 
 
@@ -498,7 +572,10 @@ def test_an_nvml_error_of_one_claim_fails_only_that_claim(node: Node, caplog: py
     ]
     error = got[lost["metadata"]["uid"]].error
     assert "NVMLError" in error and "GPU is lost" in error, error
+    failure = got[lost["metadata"]["uid"]].failure
+    assert failure is not None and failure.kind is FailureKind.NVML and not failure.retryable
     (record,) = [r for r in caplog.records if lost["metadata"]["uid"] in r.getMessage()]
     assert record.levelname in ("WARNING", "ERROR") and record.exc_info is not None  # with the traceback
+    assert "failed [nvml, not retryable]: NVMLError" in record.getMessage()
     assert lost["metadata"]["uid"] not in d.checkpoint.claims  # rolled back
     assert set(d.checkpoint.claims) == {done["metadata"]["uid"], good["metadata"]["uid"]}

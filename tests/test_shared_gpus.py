@@ -8,6 +8,7 @@ import pytest
 
 from dra_driver.allocation.simulate import simulate
 from dra_driver.nvml.discovery import discover
+from dra_driver.plugin.failures import FailureKind
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.model import CapacityRequestPolicy, DeviceCapacity
 from tests.plugin_helpers import GPU_CLASS, Node, ref
@@ -81,7 +82,7 @@ def test_claims_share_a_gpu_and_each_is_prepared(tmp_path: Path) -> None:
     assert out["uid-a"].devices[0].share_id == results[0]["shareID"]
     assert out["uid-a"].devices[0].device == out["uid-b"].devices[0].device  # two claims hold one GPU
     assert len(node.cdi_files()) == 3
-    assert all(e == "" for e in d.unprepare([ref(c) for c in claims]).values()) and node.cdi_files() == []
+    assert all(e is None for e in d.unprepare([ref(c) for c in claims]).values()) and node.cdi_files() == []
 
 
 def _timesliced(c: dict, interval: str) -> dict:
@@ -116,13 +117,15 @@ def test_two_claims_on_one_gpu_never_overwrite_or_reset_each_others_time_slice(t
     state = SharingState(sim.state_dir)
     assert d.prepare([ref(a)])["uid-a"].error == ""
     assert state.timeslice(uuid) == 3  # Long
-    refused = d.prepare([ref(b)])["uid-b"].error
+    result = d.prepare([ref(b)])["uid-b"]
+    assert result.failure is not None and result.failure.kind is FailureKind.SHARING and result.failure.retryable
+    refused = result.error
     assert "default/a" in refused or "uid-a" in refused, refused
     assert "Long" in refused and state.timeslice(uuid) == 3
     assert len(node.cdi_files()) == 1  # B left nothing behind
     assert d.prepare([ref(c)])["uid-c"].error == ""
-    assert d.unprepare([ref(c)])["uid-c"] == "" and state.timeslice(uuid) == 3  # A still runs with Long
-    assert d.unprepare([ref(a)])["uid-a"] == "" and state.timeslice(uuid) == 0  # the last one leaves: Default
+    assert d.unprepare([ref(c)])["uid-c"] is None and state.timeslice(uuid) == 3  # A still runs with Long
+    assert d.unprepare([ref(a)])["uid-a"] is None and state.timeslice(uuid) == 0  # the last one leaves: Default
     assert node.cdi_files() == []
 
 
@@ -156,7 +159,7 @@ def test_replicas_put_that_many_claims_on_a_gpu_each_prepared(tmp_path: Path) ->
     out = d.prepare([ref(c) for c in claims])
     assert all(r.error == "" for r in out.values()), out
     assert len({r.devices[0].share_id for r in out.values()}) == 5 and len(node.cdi_files()) == 5
-    assert all(e == "" for e in d.unprepare([ref(c) for c in claims]).values()) and node.cdi_files() == []
+    assert all(e is None for e in d.unprepare([ref(c) for c in claims]).values()) and node.cdi_files() == []
     big = [_claim("big", "70Gi"), _claim("more", "15Gi")]  # 85Gi: more than one 80 GB GPU
     placed = simulate(slices, [GPU_CLASS], big, node="node-a").outcomes
     assert [o.allocation["devices"]["results"][0]["device"] for o in placed] == ["gpu-0", "gpu-1"]
@@ -191,5 +194,5 @@ def test_replicas_share_an_admins_mig_device_too(tmp_path: Path) -> None:
     d = node.driver(mode=PublishMode.SHARED)
     out = d.prepare([ref(c) for c in claims[:2]])
     assert all(r.error == "" for r in out.values()), out
-    assert all(e == "" for e in d.unprepare([ref(c) for c in claims[:2]]).values())
+    assert all(e is None for e in d.unprepare([ref(c) for c in claims[:2]]).values())
     assert node.mig_instances() == [(0, 19, 0)] and node.cdi_files() == []

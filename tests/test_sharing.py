@@ -18,6 +18,7 @@ from dra_driver.cdi.spec import spec_file_name
 from dra_driver.claimstate.checkpoint import ClaimState
 from dra_driver.plugin import driver as driver_module
 from dra_driver.plugin.driver import Driver
+from dra_driver.plugin.failures import FailureKind
 from dra_driver.sharing import CommandResult, DriverRootRunner, RealRunner, SharingError, SharingManager, default_runner
 from dra_driver.simulator.elf import shared_object
 from dra_driver.simulator.tools.state import STATE_FILE, SharingState
@@ -156,7 +157,7 @@ def test_time_slice_is_set_recorded_and_reset(node: Node, runner: Recording) -> 
     assert saved["data"]["claims"][uid(c)]["devices"][0]["sharing"] == record
     again = d.prepare([ref(c)])[uid(c)]  # idempotent: no command
     assert again.error == "" and len(runner.calls) == 2
-    assert d.unprepare([ref(c)]) == {uid(c): ""}
+    assert d.unprepare([ref(c)]) == {uid(c): None}
     assert [call["argv"] for call in runner.calls[2:]] == [set_slice(gpu, 0)]
     assert_nothing_left(node, d, runner)
 
@@ -172,7 +173,7 @@ def test_time_slicing_sets_compute_mode_default_and_restores_the_mode_found(node
     handle = node.sim.nvmlDeviceGetHandleByUUID(gpu)
     assert node.sim.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT  # NVML sees what was set
     assert d.checkpoint.claims[uid(c)].devices[0].sharing["computeMode"] == "Exclusive_Process"  # type: ignore[index]
-    assert d.unprepare([ref(c)]) == {uid(c): ""}
+    assert d.unprepare([ref(c)]) == {uid(c): None}
     assert [call["argv"] for call in runner.calls[3:]] == [set_slice(gpu, 0), set_mode(gpu, "EXCLUSIVE_PROCESS")]
     assert node.sim.nvmlDeviceGetComputeMode(handle) == EXCLUSIVE
     runner.state.set_compute_mode(gpu, pynvml.NVML_COMPUTEMODE_DEFAULT)
@@ -193,7 +194,7 @@ def test_time_slicing_without_interval_means_default_and_mig_devices_get_none(no
     assert [call["argv"] for call in runner.calls] == [query(gpu0), set_slice(gpu0, 0)]
     assert d.checkpoint.claims[uid(part)].devices[0].sharing is None
     assert d.checkpoint.claims[uid(plain)].devices[0].sharing is None
-    assert all(e == "" for e in d.unprepare([ref(whole), ref(part), ref(plain)]).values())
+    assert all(e is None for e in d.unprepare([ref(whole), ref(part), ref(plain)]).values())
     assert_nothing_left(node, d, runner)
 
 
@@ -207,6 +208,8 @@ def test_a_gpu_nvidia_smi_cannot_find_is_a_per_claim_error_and_changes_nothing(n
     d = start(node, runner)
     results = d.prepare([ref(both), ref(shared), ref(fine)])
     for c in (both, shared):
+        failure = results[uid(c)].failure
+        assert failure is not None and failure.kind is FailureKind.SHARING
         assert f"read compute mode of GPU {gone}" in results[uid(c)].error
         assert "exited with 6: No devices were found" in results[uid(c)].error
         assert results[uid(c)].devices == []
@@ -239,10 +242,11 @@ def test_a_reset_that_fails_keeps_the_claim_for_the_kubelet_to_retry(node: Node,
     d = start(node, runner)
     assert d.prepare([ref(c)])[uid(c)].error == ""
     runner.fail = lambda argv, _: CommandResult(argv, 15, "GPU is lost", "") if argv[-1] == "0" else None
-    assert "GPU is lost" in d.unprepare([ref(c)])[uid(c)]
+    failure = d.unprepare([ref(c)])[uid(c)]
+    assert failure is not None and "GPU is lost" in failure.message and failure.kind is FailureKind.SHARING
     assert uid(c) in d.checkpoint.claims and node.cdi_files() != []
     runner.fail = None
-    assert d.unprepare([ref(c)]) == {uid(c): ""}
+    assert d.unprepare([ref(c)]) == {uid(c): None}
     assert_nothing_left(node, d, runner)
 
 
@@ -289,7 +293,7 @@ def test_mps_daemon_directories_and_cdi_edits(node: Node, runner: Recording) -> 
         for u in uuids
     ]
     before = len(runner.calls)
-    assert d.unprepare([ref(c)]) == {uid(c): ""}
+    assert d.unprepare([ref(c)]) == {uid(c): None}
     quit_, *restores = runner.calls[before:]
     assert quit_["input"] == "quit\n" and [r["argv"] for r in restores] == [set_mode(u, "DEFAULT") for u in uuids]
     assert not root.exists()
@@ -313,7 +317,7 @@ def test_mps_on_a_mig_device_and_per_request_configs(node: Node, runner: Recordi
     # the GPU's compute mode is left alone: it is every MIG device's on that GPU (NVIDIA's plugin does the same)
     assert [call["argv"] for call in runner.calls] == [["nvidia-cuda-mps-control", "-d"]]
     assert runner.mode(node.sim.gpu_uuids[6]) == pynvml.NVML_COMPUTEMODE_DEFAULT
-    assert d.unprepare([ref(c)]) == {uid(c): ""}
+    assert d.unprepare([ref(c)]) == {uid(c): None}
     assert_nothing_left(node, d, runner)
 
 
@@ -331,7 +335,9 @@ def test_mps_settings_that_cannot_be_applied_are_refused_before_any_change(
     c = claim(["gpu-0", "gpu-1"], config=configs)
     node.add(c)
     d = start(node, runner)
-    assert message in d.prepare([ref(c)])[uid(c)].error
+    result = d.prepare([ref(c)])[uid(c)]
+    assert message in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.INVALID_CONFIG
     assert runner.calls == []
     assert_nothing_left(node, d, runner)
 
@@ -395,7 +401,7 @@ def test_pinned_limits_at_the_bounds_are_sent_to_mps(node: Node, runner: Recordi
         "set_default_device_pinned_mem_limit 0 1M",
         "set_default_device_pinned_mem_limit 1 1048576M",
     ]
-    assert d.unprepare([ref(c)]) == {uid(c): ""}
+    assert d.unprepare([ref(c)]) == {uid(c): None}
     assert_nothing_left(node, d, runner)
 
 
@@ -407,7 +413,7 @@ def test_admin_access_devices_ignore_sharing(node: Node, runner: Recording) -> N
     d = start(node, runner)
     assert d.prepare([ref(owner)])[uid(owner)].error == ""
     assert d.prepare([ref(admin)])[uid(admin)].error == ""
-    assert d.unprepare([ref(admin)]) == {uid(admin): ""}
+    assert d.unprepare([ref(admin)]) == {uid(admin): None}
     assert runner.timeslice(node.sim.gpu_uuids[0]) == 3  # the owner's setting stays
     d.unprepare([ref(owner)])
     assert_nothing_left(node, d, runner)

@@ -116,7 +116,7 @@ class Preparer:
         return {c.uid: PrepareResult(devices=[device]) for c in claims}
 
     def unprepare(self, claims, deadline=None):
-        return {c.uid: "" for c in claims}
+        return {c.uid: None for c in claims}
 
 
 driver = "gpu.nvidia.com"

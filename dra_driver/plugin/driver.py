@@ -40,6 +40,7 @@ from dra_driver.claimstate import crashpoints
 from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.claimstate.deadline import DEADLINE_MARGIN_S, time_left
+from dra_driver.kube.rest import ApiError
 from dra_driver.nvml.api import NvmlLibrary, as_text
 from dra_driver.nvml.discovery import discover
 from dra_driver.nvml.inventory import Inventory, MigInstance
@@ -58,6 +59,7 @@ from dra_driver.nvml.mig import (
 from dra_driver.plugin import features
 from dra_driver.plugin.catalog import CatalogEntry, build_catalog, conflicts
 from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
+from dra_driver.plugin.failures import ClaimFailure, FailureKind
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 from dra_driver.sharing import (
@@ -80,9 +82,63 @@ log = logging.getLogger(__name__)
 class PrepareError(RuntimeError):
     """A claim cannot be prepared; nothing was changed for it."""
 
+    def __init__(self, kind: FailureKind, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.failure = ClaimFailure.of(kind, message, retryable=retryable)
+
 
 class LockTimeout(PrepareError):
     """The node's device lock could not be had before the caller's deadline; nothing was changed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(FailureKind.LOCK_TIMEOUT, message)
+
+
+# What the errors of the steps of a prepare or unprepare stand for (PrepareError names its own kind)
+_ERROR_KINDS: tuple[tuple[type[Exception], FailureKind], ...] = (
+    (ConfigError, FailureKind.INVALID_CONFIG),
+    (DevNodeError, FailureKind.CDI),
+    (MigError, FailureKind.MIG),
+    (SharingError, FailureKind.SHARING),
+    (OSError, FailureKind.IO),
+)
+_UNEXPECTED = frozenset({FailureKind.NVML, FailureKind.INTERNAL})  # logged as errors, with their traceback
+
+
+def _failure(e: Exception) -> ClaimFailure:
+    """The failure of a claim that `e` ended."""
+    if isinstance(e, PrepareError):
+        return e.failure
+    if isinstance(e, MigError) and e.code == pynvml.NVML_ERROR_GPU_IS_LOST:  # off the bus: back only after a reset
+        return ClaimFailure.of(FailureKind.MIG, str(e), retryable=False)
+    for error, kind in _ERROR_KINDS:
+        if isinstance(e, error):
+            return ClaimFailure.of(kind, str(e))
+    kind = FailureKind.NVML if isinstance(e, pynvml.NVMLError) else FailureKind.INTERNAL
+    return ClaimFailure.of(kind, f"{type(e).__name__}: {e}")
+
+
+def _read_failure(message: str, e: Exception) -> ClaimFailure:
+    """A failed read of a claim or device class: gone (a retry cannot help), or the API server did not answer."""
+    gone = isinstance(e, LookupError) or (isinstance(e, ApiError) and e.status == 404)
+    return ClaimFailure.of(FailureKind.NOT_FOUND if gone else FailureKind.API_UNAVAILABLE, message)
+
+
+def _failed(verb: str, ref: ClaimRef, failure: ClaimFailure, error: Exception | None = None) -> ClaimFailure:
+    """Log a claim's failure with its kind (the traceback of an unexpected one); returns it."""
+    unexpected = failure.kind in _UNEXPECTED
+    log.log(
+        logging.ERROR if unexpected else logging.WARNING,
+        "%s %s/%s (%s) failed %s: %s",
+        verb,
+        ref.namespace,
+        ref.name,
+        ref.uid,
+        failure.describe(),
+        failure.message,
+        exc_info=error if unexpected else None,
+    )
+    return failure
 
 
 # How long start-up waits for the node's device lock before it serves without it: recovery then runs in the
@@ -113,8 +169,11 @@ def _late(deadline: float | None) -> bool:
     return deadline is not None and time_left(deadline) <= 0
 
 
-def _late_error(ref: ClaimRef, done: str) -> str:
-    return f"deadline exceeded before claim {ref.namespace}/{ref.name} could be {done}; nothing was changed"
+def _late_failure(ref: ClaimRef, done: str) -> ClaimFailure:
+    return ClaimFailure.of(
+        FailureKind.DEADLINE,
+        f"deadline exceeded before claim {ref.namespace}/{ref.name} could be {done}; nothing was changed",
+    )
 
 
 @dataclass(frozen=True)
@@ -298,72 +357,79 @@ class Driver:
         """`deadline`: when the caller (the kubelet) gives up, a time.monotonic() value; a claim that cannot be
         read or prepared before then gets an error instead (the kubelet retries it)."""
         self.calls += 1
-        fetched: dict[str, ResourceClaim | str] = {}
-        classes: dict[str, DeviceClass | str] = {}
+        fetched: dict[str, ResourceClaim | ClaimFailure] = {}
+        classes: dict[str, DeviceClass | ClaimFailure] = {}
         for ref in claims:  # API reads outside the device lock
             fetched[ref.uid] = self._fetch(ref, classes, deadline)
-        out: dict[str, PrepareResult] = {}
-        for ref in claims:
-            got = fetched[ref.uid]
-            if isinstance(got, str):
-                out[ref.uid] = PrepareResult(error=got)
-                continue
-            try:
-                checked: list[_Checked] | PrepareError | ConfigError | DevNodeError
-                try:  # CEL, configs and device nodes outside the lock: other prepares go on meanwhile
-                    checked = self._check(got, classes)
-                except (PrepareError, ConfigError, DevNodeError) as e:  # raised under the lock unless the claim is
-                    checked = e  # prepared already
-                with self._locked(deadline):
-                    if _late(deadline):
-                        out[ref.uid] = PrepareResult(error=_late_error(ref, "prepared"))
-                        continue
-                    out[ref.uid] = PrepareResult(devices=self._prepare_claim(ref, checked, deadline))
-            except (PrepareError, ConfigError, MigError, DevNodeError, SharingError, OSError) as e:
-                log.warning("prepare %s/%s (%s) failed: %s", ref.namespace, ref.name, ref.uid, e)
-                out[ref.uid] = PrepareResult(error=str(e))
-            except Exception as e:  # anything else (an NVML error of a lost GPU, a bug): this claim's error only
-                log.error("prepare %s/%s (%s) failed", ref.namespace, ref.name, ref.uid, exc_info=True)
-                out[ref.uid] = PrepareResult(error=f"{type(e).__name__}: {e}")
-        return out
+        return {ref.uid: self._prepare_one(ref, fetched[ref.uid], classes, deadline) for ref in claims}
+
+    def _prepare_one(
+        self,
+        ref: ClaimRef,
+        got: ResourceClaim | ClaimFailure,
+        classes: dict[str, DeviceClass | ClaimFailure],
+        deadline: float | None,
+    ) -> PrepareResult:
+        if isinstance(got, ClaimFailure):
+            return PrepareResult(failure=_failed("prepare", ref, got))
+        try:
+            checked: list[_Checked] | ClaimFailure
+            try:  # CEL, configs and device nodes outside the lock: other prepares go on meanwhile
+                checked = self._check(got, classes)
+            except (PrepareError, ConfigError, DevNodeError) as e:  # answered under the lock, unless the claim is
+                checked = _failure(e)  # prepared already
+            with self._locked(deadline):
+                if _late(deadline):
+                    return PrepareResult(failure=_failed("prepare", ref, _late_failure(ref, "prepared")))
+                devices = self._prepare_claim(ref, checked, deadline)
+        except Exception as e:  # whatever it is (an NVML error of a lost GPU, a bug): this claim's failure only
+            return PrepareResult(failure=_failed("prepare", ref, _failure(e), e))
+        if isinstance(devices, ClaimFailure):
+            return PrepareResult(failure=_failed("prepare", ref, devices))
+        return PrepareResult(devices=devices)
 
     def _fetch(
-        self, ref: ClaimRef, classes: dict[str, DeviceClass | str], deadline: float | None = None
-    ) -> ResourceClaim | str:
+        self, ref: ClaimRef, classes: dict[str, DeviceClass | ClaimFailure], deadline: float | None = None
+    ) -> ResourceClaim | ClaimFailure:
+        what = f"claim {ref.namespace}/{ref.name}"
         timeout = read_timeout(deadline)
         if timeout <= 0:
-            return f"deadline exceeded before claim {ref.namespace}/{ref.name} could be read from the API server"
+            return ClaimFailure.of(
+                FailureKind.DEADLINE, f"deadline exceeded before {what} could be read from the API server"
+            )
         try:
             claim = self.claims.get_claim(ref.namespace, ref.name, timeout=timeout)
         except Exception as e:  # the API server is down or too slow, the claim is gone, ...
-            return f"retrieve claim {ref.namespace}/{ref.name}: {e}"
+            return _read_failure(f"retrieve {what}: {e}", e)
         if claim.metadata.uid != ref.uid:
-            return f"claim {ref.namespace}/{ref.name} got replaced (uid {claim.metadata.uid}, expected {ref.uid})"
+            return ClaimFailure.of(
+                FailureKind.CLAIM_CHANGED, f"{what} got replaced (uid {claim.metadata.uid}, expected {ref.uid})"
+            )
         if claim.status.allocation is None:
-            return f"claim {ref.namespace}/{ref.name} not allocated"
+            return ClaimFailure.of(FailureKind.CLAIM_CHANGED, f"{what} not allocated")
         for result in claim.status.allocation.devices.results:
             if result.driver != self.settings.driver:
                 continue
             try:
                 class_name, _ = claim.request_class_and_selectors(result.request)
             except KeyError as e:
-                return str(e.args[0])
+                return ClaimFailure.of(FailureKind.CLAIM_CHANGED, str(e.args[0]))
             if class_name not in classes:
                 timeout = read_timeout(deadline)
                 if timeout <= 0:
-                    return f"deadline exceeded before device class {class_name} could be read from the API server"
+                    return ClaimFailure.of(
+                        FailureKind.DEADLINE,
+                        f"deadline exceeded before device class {class_name} could be read from the API server",
+                    )
                 try:
                     classes[class_name] = self.claims.get_device_class(class_name, timeout=timeout)
                 except Exception as e:
-                    classes[class_name] = f"retrieve device class {class_name}: {e}"
+                    classes[class_name] = _read_failure(f"retrieve device class {class_name}: {e}", e)
         return claim
 
     def _prepare_claim(
-        self,
-        ref: ClaimRef,
-        checked: list[_Checked] | PrepareError | ConfigError | DevNodeError,
-        deadline: float | None = None,
-    ) -> list[PreparedDevice]:
+        self, ref: ClaimRef, checked: list[_Checked] | ClaimFailure, deadline: float | None = None
+    ) -> list[PreparedDevice] | ClaimFailure:
         existing = self.checkpoint.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
             lost = self._lost(existing)
@@ -373,8 +439,8 @@ class Driver:
         if existing is not None:
             log.info("claim %s is not (or no longer) fully prepared; undoing what is left first", ref.uid)
             self._teardown(existing)
-        if isinstance(checked, Exception):  # e.g. its class changed since: only a prepared claim is answered
-            raise checked
+        if isinstance(checked, ClaimFailure):  # e.g. its class changed since: only a prepared claim is answered
+            return checked
         planned = self._plan(checked)  # raises before anything changes
         if not planned:  # allocated only to other drivers: nothing to record, no (empty, invalid) CDI spec
             return []
@@ -445,16 +511,22 @@ class Driver:
                 self._teardown(entry)
             except Exception as undo:
                 log.error("claim %s: undoing the failed prepare failed too: %s", ref.uid, undo)
+                first = _failure(failure)  # what failed the prepare names the kind, not the undo
                 raise PrepareError(
+                    first.kind,
                     f"{failure}; undoing the prepare failed too ({undo}); it is retried on the next prepare or "
-                    "unprepare of this claim"
+                    "unprepare of this claim",
+                    retryable=first.retryable,
                 ) from failure
             raise
         return self._answer(entry)
 
-    def _check(self, claim: ResourceClaim, classes: dict[str, DeviceClass | str]) -> list[_Checked]:
+    def _check(
+        self, claim: ResourceClaim, classes: dict[str, DeviceClass | ClaimFailure]
+    ) -> list[_Checked] | ClaimFailure:
         """This driver's results, checked against what needs no device lock: pool, catalog, class and claim
-        selectors, configs and feature gates. Raises before anything changes."""
+        selectors, configs and feature gates. Raises (or returns the failure of a class read) before anything
+        changes."""
         assert claim.status.allocation is not None
         allocation = claim.status.allocation.devices
         catalog = self.catalog  # one snapshot: refresh_inventory replaces it whole
@@ -463,30 +535,42 @@ class Driver:
             if result.driver != self.settings.driver:
                 continue
             if result.pool != self.settings.pool:
-                raise PrepareError(f"device {result.device} is allocated from pool {result.pool}, not this node's")
+                raise PrepareError(
+                    FailureKind.DEVICE_UNKNOWN,
+                    f"device {result.device} is allocated from pool {result.pool}, not this node's",
+                )
             entry = catalog.get(result.device)
             if entry is None:
-                raise PrepareError(f"device {result.device} is not a device of this node (pool {result.pool})")
+                raise PrepareError(
+                    FailureKind.DEVICE_UNKNOWN,
+                    f"device {result.device} is not a device of this node (pool {result.pool})",
+                )
             admin = bool(result.admin_access)
             for c in checked:  # the claim's own devices; other claims' are checked under the lock (_plan)
                 if not admin and not c.admin_access and conflicts(entry, c.entry):
-                    raise PrepareError(f"devices {c.entry.name} and {result.device} overlap")
+                    raise PrepareError(
+                        FailureKind.DEVICE_IN_USE,
+                        f"devices {c.entry.name} and {result.device} overlap",
+                        retryable=False,
+                    )
             class_name, claim_selectors = claim.request_class_and_selectors(result.request)
             device_class = classes.get(class_name)
-            if not isinstance(device_class, DeviceClass):
-                raise PrepareError(device_class or f"device class {class_name} not found")
+            if isinstance(device_class, ClaimFailure):  # reading it failed (`_fetch`)
+                return device_class
+            if device_class is None:
+                raise PrepareError(FailureKind.NOT_FOUND, f"device class {class_name} not found")
             failure = check_selectors(
                 entry.cel_device(self.settings.driver),
                 [SelectorCheck(f"class {class_name}", i, e) for i, e in enumerate(device_class.expressions)]
                 + [SelectorCheck(f"claim request {result.request}", i, e) for i, e in enumerate(claim_selectors)],
             )
             if failure:
-                raise PrepareError(f"device {result.device}: {failure}")
+                raise PrepareError(FailureKind.SELECTOR_MISMATCH, f"device {result.device}: {failure}")
             config = resolve(allocation.config, self.settings.driver, result.request, entry.device_type)
             if config is not None and config.sharing is not None:
                 why = features.strategy_disabled(self.settings.feature_gates, config.sharing.strategy)
                 if why:
-                    raise PrepareError(f"device {result.device}: {why}")
+                    raise PrepareError(FailureKind.INVALID_CONFIG, f"device {result.device}: {why}")
             nodes = gpu_nodes(self.proc_root, entry.gpu.minor)  # /proc/devices read outside the device lock
             checked.append(_Checked(result.request, entry, admin, config, result.share_id, nodes))
         return checked
@@ -503,11 +587,17 @@ class Driver:
         for c in checked:
             name = c.entry.name
             if self.catalog.get(name) != c.entry:  # rediscovered since it was checked: the kubelet retries
-                raise PrepareError(f"device {name} changed while the claim was being prepared; retry")
+                raise PrepareError(
+                    FailureKind.DEVICE_UNKNOWN,
+                    f"device {name} changed while the claim was being prepared; retry",
+                    retryable=True,
+                )
             if not c.admin_access:
                 for uid, other in held:
                     if conflicts(c.entry, other):
-                        raise PrepareError(f"device {name} overlaps {other.name}, which claim {uid} holds")
+                        raise PrepareError(
+                            FailureKind.DEVICE_IN_USE, f"device {name} overlaps {other.name}, which claim {uid} holds"
+                        )
         self.sharing.validate([(c.entry.name, c.config, c.admin_access) for c in checked])
         return checked
 
@@ -521,16 +611,17 @@ class Driver:
         if not self._existing_mig_mode() or entry.profile is None:
             return None
         published = json.loads(entry.device_json)["attributes"].get(ATTR_UUID, {}).get("string")
+        gone = FailureKind.DEVICE_UNKNOWN  # the published device is not there any more: a retry finds the same
         for inst in entry.gpu.mig_instances:
             if inst.profile_id == entry.profile.id and inst.placement.start == entry.placement_start:
                 try:  # the identity, not the placement: the device may have been destroyed and made again since
                     now = as_text(self.lib.nvmlDeviceGetUUID(self.lib.nvmlDeviceGetHandleByUUID(inst.uuid)))
                 except pynvml.NVMLError as e:
-                    raise PrepareError(f"MIG device {entry.name} ({inst.uuid}) no longer exists: {e}") from None
+                    raise PrepareError(gone, f"MIG device {entry.name} ({inst.uuid}) no longer exists: {e}") from None
                 if now != published:
-                    raise PrepareError(f"MIG device {entry.name} is now {now}, not the published {published}")
+                    raise PrepareError(gone, f"MIG device {entry.name} is now {now}, not the published {published}")
                 return inst
-        raise PrepareError(f"MIG device {entry.name} no longer exists")
+        raise PrepareError(gone, f"MIG device {entry.name} no longer exists")
 
     def _mig_for(self, p: _Checked, claim_uid: str) -> LiveMig:
         assert p.entry.profile is not None and p.entry.placement_start is not None
@@ -540,7 +631,7 @@ class Driver:
                 for d in e.devices:
                     if d.device == p.entry.name and d.mig is not None and not d.released and e.uid != claim_uid:
                         return d.mig
-            raise PrepareError(f"admin access to {p.entry.name}: no claim has carved that MIG device")
+            raise PrepareError(FailureKind.MIG, f"admin access to {p.entry.name}: no claim has carved that MIG device")
         return create_mig_device(
             self.lib,
             gpu.uuid,
@@ -566,7 +657,9 @@ class Driver:
         if entry.gpu.mig_capable and mig_enabled(self.lib, handle):
             disable_mig_if_unused(self.lib, entry.gpu.uuid, [p.id for p in entry.gpu.mig_profiles])
             if mig_enabled(self.lib, handle):
-                raise PrepareError(f"GPU {entry.gpu.minor} has MIG enabled and cannot be handed out whole")
+                raise PrepareError(
+                    FailureKind.MIG, f"GPU {entry.gpu.minor} has MIG enabled and cannot be handed out whole"
+                )
 
     def _answer(self, entry: ClaimEntry) -> list[PreparedDevice]:
         return [
@@ -577,28 +670,27 @@ class Driver:
         ]
 
     # ----- unprepare and recovery -------------------------------------------------------------------------
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
-        """`deadline` as for `prepare`: a claim whose turn at the node's device lock comes too late gets an error,
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
+        """`deadline` as for `prepare`: a claim whose turn at the node's device lock comes too late gets a failure,
         with nothing changed (the kubelet retries)."""
         self.calls += 1
-        out: dict[str, str] = {}
-        for ref in claims:
-            try:
-                with self._locked(deadline):
-                    if _late(deadline):
-                        out[ref.uid] = _late_error(ref, "unprepared")
-                        continue
-                    entry = self.checkpoint.claims.get(ref.uid)
-                    if entry is not None:  # unknown claim: nothing to do, success
-                        self._teardown(entry)
-                out[ref.uid] = ""
-            except LockTimeout as e:
-                log.warning("unprepare %s (%s): %s", ref.name, ref.uid, e)
-                out[ref.uid] = f"unprepare {ref.namespace}/{ref.name}: {e}; nothing was changed"
-            except Exception as e:  # one claim's failure, whatever it is, stays that claim's
-                log.warning("unprepare %s (%s) failed: %s", ref.name, ref.uid, e, exc_info=True)
-                out[ref.uid] = f"unprepare {ref.namespace}/{ref.name}: {type(e).__name__}: {e}"
-        return out
+        return {ref.uid: self._unprepare_one(ref, deadline) for ref in claims}
+
+    def _unprepare_one(self, ref: ClaimRef, deadline: float | None) -> ClaimFailure | None:
+        what = f"unprepare {ref.namespace}/{ref.name}"
+        try:
+            with self._locked(deadline):
+                if _late(deadline):
+                    return _failed("unprepare", ref, _late_failure(ref, "unprepared"))
+                entry = self.checkpoint.claims.get(ref.uid)
+                if entry is not None:  # unknown claim: nothing to do, success
+                    self._teardown(entry)
+            return None
+        except LockTimeout as e:
+            return _failed("unprepare", ref, replace(e.failure, message=f"{what}: {e}; nothing was changed"))
+        except Exception as e:  # one claim's failure, whatever it is, stays that claim's
+            failure = replace(_failure(e), message=f"{what}: {type(e).__name__}: {e}")
+            return _failed("unprepare", ref, failure, e)
 
     def _teardown(self, entry: ClaimEntry) -> None:
         """Undo a claim, whatever step it reached, recording each step: UnprepareStarted, then sharing (MPS

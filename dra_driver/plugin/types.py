@@ -6,6 +6,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from dra_driver.plugin.failures import ClaimFailure
+
 
 class ClaimRef(BaseModel):
     """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources."""
@@ -26,8 +28,15 @@ class PreparedDevice(BaseModel):
 
 
 class PrepareResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a stray `error=` string is refused: dropped, it would read as success
+
     devices: list[PreparedDevice] = []
-    error: str = ""  # non-empty: this claim failed; the kubelet retries it
+    failure: ClaimFailure | None = None  # set: this claim failed; the kubelet retries it
+
+    @property
+    def error(self) -> str:
+        """The failure's message, "" on success: for logs and tests (the gRPC layer makes the kubelet's text)."""
+        return "" if self.failure is None else self.failure.message
 
 
 class ClaimPreparer(Protocol):
@@ -41,7 +50,7 @@ class ClaimPreparer(Protocol):
         be prepared by then should get an error."""
         ...
 
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, str]:
-        """claim UID -> error message ("" on success). `deadline` as for `prepare`: a claim that cannot be
-        unprepared by then should get an error, with nothing changed for it."""
+    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
+        """claim UID -> its failure (None on success). `deadline` as for `prepare`: a claim that cannot be
+        unprepared by then should get a failure, with nothing changed for it."""
         ...

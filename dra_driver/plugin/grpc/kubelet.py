@@ -8,8 +8,9 @@ validate the answer, report the verdict with ``NotifyRegistrationStatus``, then 
 With two instances of a driver serving side by side (a rolling update), one harness per instance plays the kubelet's
 connection to it: pass the socket to :meth:`KubeletHarness.register`.
 
-Responses are decoded into the plugin's own types (:class:`PrepareResult`, error strings), so tests can compare
-them with what the fake preparer returned; the ``*_raw`` variants return the protobuf messages.
+Responses are decoded into the plugin's device type (:class:`PrepareAnswer` holds them, with the error text the
+kubelet reads), so tests can compare them with what the fake preparer returned; the ``*_raw`` variants return the
+protobuf messages.
 """
 
 from __future__ import annotations
@@ -25,14 +26,22 @@ from types import ModuleType
 from typing import Any
 
 import grpc
+from pydantic import BaseModel
 
 from dra_driver.plugin.grpc import protos, resource_health, rpc
-from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
+from dra_driver.plugin.types import ClaimRef, PreparedDevice
 
 KUBELET_CALL_TIMEOUT_S = 45.0  # defaultClientCallTimeout in the kubelet's DRA plugin client
 CONNECT_TIMEOUT_S = 5.0  # the kubelet waits 1 s; a loaded test machine needs more
 DRA_PLUGIN_TYPE = "DRAPlugin"
 VERSION_PREFERENCE = ("v1", "v1beta1")  # what the kubelet prefers, first first
+
+
+class PrepareAnswer(BaseModel):
+    """A claim's entry in a NodePrepareResources response: its devices, or the error text the kubelet gets."""
+
+    devices: list[PreparedDevice] = []
+    error: str = ""
 
 
 class RegistrationError(RuntimeError):
@@ -230,10 +239,10 @@ class KubeletHarness:
 
     def prepare(
         self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S
-    ) -> dict[str, PrepareResult]:
-        """NodePrepareResources, decoded: claim UID -> PrepareResult."""
+    ) -> dict[str, PrepareAnswer]:
+        """NodePrepareResources, decoded: claim UID -> PrepareAnswer."""
         response = self.prepare_raw(claims, version, timeout)
-        decoded: dict[str, PrepareResult] = {}
+        decoded: dict[str, PrepareAnswer] = {}
         for uid, entry in response.claims.items():
             devices = [
                 PreparedDevice(
@@ -247,7 +256,7 @@ class KubeletHarness:
                 )
                 for d in entry.devices
             ]
-            decoded[uid] = PrepareResult(devices=devices, error=entry.error)
+            decoded[uid] = PrepareAnswer(devices=devices, error=entry.error)
         return decoded
 
     def unprepare(

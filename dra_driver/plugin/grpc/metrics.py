@@ -7,7 +7,8 @@ Metrics (all with the ``dra_driver_`` prefix):
   returned a gRPC error).
 - ``grpc_request_duration_seconds{method}``: histogram of RPC handling time.
 - ``grpc_requests_in_flight{method}``: RPCs being handled now.
-- ``grpc_errors_total{method, type}``: errors by type, see the ``ERROR_*`` constants.
+- ``grpc_errors_total{method, type, kind}``: errors by type, see the ``ERROR_*`` constants; ``kind`` is the
+  :class:`~dra_driver.plugin.failures.FailureKind` of a claim's failure (type ``claim_error``), empty otherwise.
 - ``prepared_devices``: devices of the claims this process prepared and has not unprepared since, as reported
   in its prepare results (it starts at zero when the process starts).
 
@@ -69,8 +70,8 @@ class PluginMetrics:
         )
         self.errors = Counter(
             "grpc_errors",
-            "Errors in the DRA kubelet plugin's gRPC layer, by method and type.",
-            ["method", "type"],
+            "Errors in the DRA kubelet plugin's gRPC layer, by method, type and the kind of a claim's failure.",
+            ["method", "type", "kind"],
             namespace=NAMESPACE,
             registry=registry,
         )
@@ -95,8 +96,8 @@ class PluginMetrics:
             self._devices_by_claim.pop(uid, None)
             self.prepared_devices.set(sum(self._devices_by_claim.values()))
 
-    def error(self, method: str, error_type: str, count: int = 1) -> None:
-        self.errors.labels(method=method, type=error_type).inc(count)
+    def error(self, method: str, error_type: str, count: int = 1, kind: str = "") -> None:
+        self.errors.labels(method=method, type=error_type, kind=kind).inc(count)
 
     @classmethod
     def for_registry(cls, registry: CollectorRegistry | None = None) -> PluginMetrics:

@@ -21,6 +21,7 @@ import grpc
 from google.protobuf.message import Message
 
 from dra_driver.claimstate.deadline import time_left
+from dra_driver.plugin.failures import ClaimFailure
 from dra_driver.plugin.grpc import rpc
 from dra_driver.plugin.grpc.metrics import (
     ERROR_BUSY,
@@ -55,6 +56,12 @@ def base_request_name(name: str) -> str:
 def _exception_text(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _claim_error(failure: ClaimFailure) -> str:
+    """The kubelet's error text for a failed claim (its kind and retryability go to metrics and logs, not to the
+    kubelet, which retries every failed claim alike)."""
+    return failure.message
 
 
 def call_deadline(context: grpc.ServicerContext) -> float | None:
@@ -193,9 +200,9 @@ class DRAService:
                 all_ok = False
                 continue
             try:
-                if result.error:
-                    entry.error = result.error
-                    self._metrics.error(method, ERROR_CLAIM)
+                if result.failure is not None:
+                    entry.error = _claim_error(result.failure)
+                    self._metrics.error(method, ERROR_CLAIM, kind=result.failure.kind)
                     all_ok = False
                     continue
                 for device in result.devices:
@@ -240,10 +247,15 @@ class DRAService:
                 self._metrics.error(method, ERROR_MISSING_RESULT)
                 all_ok = False
                 continue
-            error = results[claim.uid]
-            if error:
-                entry.error = str(error)
-                self._metrics.error(method, ERROR_CLAIM)
+            result = results[claim.uid]
+            if isinstance(result, ClaimFailure):
+                entry.error = _claim_error(result)
+                self._metrics.error(method, ERROR_CLAIM, kind=result.kind)
+                all_ok = False
+                continue
+            if result is not None:  # not what the protocol allows: say so, rather than fail the whole call
+                entry.error = f"internal error: invalid unprepare result {result!r}"
+                self._metrics.error(method, ERROR_INVALID_RESULT)
                 all_ok = False
                 continue
             self._metrics.claim_unprepared(claim.uid)

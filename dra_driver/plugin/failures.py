@@ -1,0 +1,66 @@
+"""Why one claim could not be prepared or unprepared, kept typed until the gRPC layer answers the kubelet.
+
+The kind is what metrics and logs count failures by; `retryable` says whether the kubelet's retry (it retries every
+failed claim) can succeed without anyone changing the claim, its class or the node. Only the gRPC layer turns a
+failure into the kubelet's per-claim error text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FailureKind(StrEnum):
+    API_UNAVAILABLE = "api_unavailable"  # the API server did not answer a read of the claim or its class in time
+    NOT_FOUND = "not_found"  # the claim or a device class it uses does not exist
+    CLAIM_CHANGED = "claim_changed"  # replaced (another UID), not allocated, or its results name no request of it
+    INVALID_CONFIG = "invalid_config"  # its opaque config is invalid, or asks for sharing a feature gate turns off
+    SELECTOR_MISMATCH = "selector_mismatch"  # a class or claim CEL selector no longer matches the device
+    DEVICE_UNKNOWN = "device_unknown"  # not a device this node publishes (another pool, gone, changed)
+    DEVICE_IN_USE = "device_in_use"  # overlaps a device another claim (or the claim itself) holds
+    DEADLINE = "deadline"  # the caller's deadline came before the work could be done
+    LOCK_TIMEOUT = "lock_timeout"  # the node's device lock was held by others until the deadline
+    MIG = "mig"  # a MIG device could not be made, found or used
+    SHARING = "sharing"  # time-slicing, compute mode or the MPS daemon could not be set up or undone
+    CDI = "cdi"  # the device nodes a CDI spec needs could not be found (/proc/devices, MIG capabilities)
+    IO = "io"  # the node's files (checkpoint, CDI spec) could not be read or written
+    NVML = "nvml"  # an NVML error outside MIG handling, e.g. of a GPU that fell off the bus
+    INTERNAL = "internal"  # anything else: a bug
+
+
+# Whether the kubelet's retry can succeed, unless the place that finds the failure knows better: what waits on time,
+# other claims or the node's state can clear; what the claim, its class or its config say does not change by itself.
+_RETRYABLE: dict[FailureKind, bool] = {
+    FailureKind.API_UNAVAILABLE: True,
+    FailureKind.NOT_FOUND: False,
+    FailureKind.CLAIM_CHANGED: False,
+    FailureKind.INVALID_CONFIG: False,
+    FailureKind.SELECTOR_MISMATCH: False,
+    FailureKind.DEVICE_UNKNOWN: False,
+    FailureKind.DEVICE_IN_USE: True,
+    FailureKind.DEADLINE: True,
+    FailureKind.LOCK_TIMEOUT: True,
+    FailureKind.MIG: True,
+    FailureKind.SHARING: True,
+    FailureKind.CDI: True,
+    FailureKind.IO: True,
+    FailureKind.NVML: False,
+    FailureKind.INTERNAL: False,
+}
+
+
+@dataclass(frozen=True)
+class ClaimFailure:
+    kind: FailureKind
+    message: str  # the kubelet's error text for the claim
+    retryable: bool
+
+    @classmethod
+    def of(cls, kind: FailureKind, message: str, *, retryable: bool | None = None) -> ClaimFailure:
+        """A failure of `kind`, retryable as that kind usually is unless `retryable` says otherwise."""
+        return cls(kind, message, _RETRYABLE[kind] if retryable is None else retryable)
+
+    def describe(self) -> str:
+        """`[kind, retryable]` for a log line."""
+        return f"[{self.kind}, {'retryable' if self.retryable else 'not retryable'}]"
