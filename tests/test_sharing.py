@@ -590,5 +590,5 @@ def test_the_nodes_mps_defaults_fill_what_a_claim_leaves_out(node: Node, runner:
         "set_default_active_thread_percentage 60",
         "set_default_device_pinned_mem_limit 0 2048M",
     ]
-    assert all(e == "" for e in d.unprepare([ref(own), ref(bare)]).values())
+    assert all(e is None for e in d.unprepare([ref(own), ref(bare)]).values())
     assert_nothing_left(node, d, runner)
