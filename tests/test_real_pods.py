@@ -473,9 +473,11 @@ def test_replicas_put_four_device_plugin_pods_on_one_gpu_each_with_its_own_claim
 
     wait_until("slices with four shares per GPU", four_shares, timeout=60)
     names = [f"replica-{i}" for i in range(4)]
-    cluster.apply(*(device_plugin_pod(n, "nvidia.com/gpu") for n in names))
     claims = []
     for name in names:
+        # one after the other, as a node fills up over time: created together, the scheduler once spread them over
+        # two GPUs (each scheduling cycle sees the others' claims only once they are written)
+        cluster.apply(device_plugin_pod(name, "nvidia.com/gpu"))
         cluster.wait_running(name)
         cluster.check_sees_its_devices(name)
         (c,) = cluster.claims_of(name)
@@ -485,6 +487,8 @@ def test_replicas_put_four_device_plugin_pods_on_one_gpu_each_with_its_own_claim
     assert len({c["metadata"]["uid"] for c in claims}) == 4 and len({r["shareID"] for r in results}) == 4  # 4 claims
     assert all(r["consumedCapacity"] == {"shares": "1", "memory": "0"} for r in results), results
     assert len({json.dumps(cluster.seen(n)["devices"]) for n in names}) == 1  # the same device nodes in each
+    phases = {n: cluster.cp.kubectl_json("get", "pod", n, "-n", NS)["status"]["phase"] for n in names}
+    assert set(phases.values()) == {"Running"}, phases  # all four at the same time
     cluster.cp.kubectl("delete", "pods", *names, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
     wait_until("claim specs removed", lambda: cluster.claim_specs() == [], timeout=60)
     assert cluster.release.checkpoint_claims() == {}
