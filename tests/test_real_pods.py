@@ -476,7 +476,7 @@ def test_replicas_put_four_device_plugin_pods_on_one_gpu_each_with_its_own_claim
     claims = []
     for name in names:
         # one after the other, as a node fills up over time: created together, the scheduler once spread them over
-        # two GPUs (each scheduling cycle sees the others' claims only once they are written)
+        # two GPUs, which replicas allow too; packing is what this test shows
         cluster.apply(device_plugin_pod(name, "nvidia.com/gpu"))
         cluster.wait_running(name)
         cluster.check_sees_its_devices(name)
