@@ -579,3 +579,28 @@ def test_an_nvml_error_of_one_claim_fails_only_that_claim(node: Node, caplog: py
     assert "failed [nvml, not retryable]: NVMLError" in record.getMessage()
     assert lost["metadata"]["uid"] not in d.checkpoint.claims  # rolled back
     assert set(d.checkpoint.claims) == {done["metadata"]["uid"], good["metadata"]["uid"]}
+
+
+def test_a_whole_gpu_whose_mig_instances_someone_else_made_is_refused_and_may_be_retried(node: Node) -> None:
+    """MIG switched on and a partition made outside the driver after it started: the whole GPU cannot be handed
+    out until that partition goes (a retry can succeed), and nothing is left behind."""
+    c = claim(["gpu-0"])
+    node.add(c)
+    d = node.driver()
+    _admin_mig(node)
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "GPU 0 has MIG enabled and cannot be handed out whole" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.MIG and result.failure.retryable
+    assert node.cdi_files() == [] and c["metadata"]["uid"] not in d.checkpoint.claims
+    assert node.mig_instances() == [(0, 19, 0)]  # not the driver's to destroy
+
+
+def test_admin_access_to_a_partition_no_claim_carved_is_refused(node: Node) -> None:
+    c = claim(["gpu-2-mig-3g40gb-9-4"], device_class="mig")
+    c["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    node.add(c)
+    d = node.driver()
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "admin access to gpu-2-mig-3g40gb-9-4: no claim has carved that MIG device" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.MIG
+    assert node.mig_instances() == [] and node.cdi_files() == []
