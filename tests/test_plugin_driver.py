@@ -604,3 +604,25 @@ def test_admin_access_to_a_partition_no_claim_carved_is_refused(node: Node) -> N
     assert "admin access to gpu-2-mig-3g40gb-9-4: no claim has carved that MIG device" in result.error
     assert result.failure is not None and result.failure.kind is FailureKind.MIG
     assert node.mig_instances() == [] and node.cdi_files() == []
+
+
+def test_a_device_rediscovered_between_its_check_and_the_lock_is_retried(node: Node, monkeypatch) -> None:
+    """A rediscovery may replace the catalog while a prepare waits for the device lock: the device the claim was
+    checked against is not the one published now, so the prepare stops, changes nothing, and the kubelet retries."""
+    import dataclasses
+
+    c = claim(["gpu-1"])
+    node.add(c)
+    d = node.driver()
+    checked = driver_module.Driver._check
+
+    def check_then_rediscover(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = checked(self, *args, **kwargs)
+        self.catalog = {**self.catalog, "gpu-1": dataclasses.replace(self.catalog["gpu-1"], device_json=b"{}")}
+        return out
+
+    monkeypatch.setattr(driver_module.Driver, "_check", check_then_rediscover)
+    result = d.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert "device gpu-1 changed while the claim was being prepared; retry" in result.error
+    assert result.failure is not None and result.failure.kind is FailureKind.DEVICE_UNKNOWN
+    assert result.failure.retryable and node.cdi_files() == []
