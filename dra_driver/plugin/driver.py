@@ -20,7 +20,6 @@ puts it, after each of its steps (`Checkpoint.put`).
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -41,7 +40,7 @@ from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, Cla
 from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
 from dra_driver.claimstate.deadline import DEADLINE_MARGIN_S, time_left
 from dra_driver.kube.rest import ApiError
-from dra_driver.nvml.api import NvmlLibrary, as_text
+from dra_driver.nvml.api import NvmlLibrary
 from dra_driver.nvml.discovery import discover
 from dra_driver.nvml.inventory import Inventory, MigInstance
 from dra_driver.nvml.mig import (
@@ -73,7 +72,6 @@ from dra_driver.sharing import (
 )
 from dra_driver.sharing.mps_launch import MpsLauncher
 from dra_driver.sharing.tmpfs import ShmMounter
-from dra_driver.slices.attributes import ATTR_UUID
 from dra_driver.slices.devices import DEFAULT_MODE, PublishMode
 
 log = logging.getLogger(__name__)
@@ -610,16 +608,13 @@ class Driver:
         PrepareError if it is gone or another one took its place."""
         if not self._existing_mig_mode() or entry.profile is None:
             return None
-        published = json.loads(entry.device_json)["attributes"].get(ATTR_UUID, {}).get("string")
         gone = FailureKind.DEVICE_UNKNOWN  # the published device is not there any more: a retry finds the same
-        for inst in entry.gpu.mig_instances:
+        for inst in entry.gpu.mig_instances:  # the inventory the entry was published from: its UUID
             if inst.profile_id == entry.profile.id and inst.placement.start == entry.placement_start:
-                try:  # the identity, not the placement: the device may have been destroyed and made again since
-                    now = as_text(self.lib.nvmlDeviceGetUUID(self.lib.nvmlDeviceGetHandleByUUID(inst.uuid)))
+                try:  # by identity, not placement: the device may have been destroyed and made again since
+                    self.lib.nvmlDeviceGetHandleByUUID(inst.uuid)
                 except pynvml.NVMLError as e:
                     raise PrepareError(gone, f"MIG device {entry.name} ({inst.uuid}) no longer exists: {e}") from None
-                if now != published:
-                    raise PrepareError(gone, f"MIG device {entry.name} is now {now}, not the published {published}")
                 return inst
         raise PrepareError(gone, f"MIG device {entry.name} no longer exists")
 
