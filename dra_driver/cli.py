@@ -23,7 +23,7 @@ from dra_driver.report.cli import add_subcommand as add_report_subcommand
 from dra_driver.simulator.source import open_source
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
-from dra_driver.slices.devices import DEFAULT_MODE, UNLIMITED_REPLICAS
+from dra_driver.slices.devices import DEFAULT_MODE, parse_replicas
 from dra_driver.slices.model import ResourceSlice
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
@@ -72,15 +72,10 @@ def _add_slice_args(p: argparse.ArgumentParser) -> None:
 
 
 def _replicas(text: str) -> int:
-    if text == "unlimited":
-        return UNLIMITED_REPLICAS
     try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of replicas or 'unlimited'") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"replicas must be 1 or more, or 'unlimited'; not {n}")
-    return n
+        return parse_replicas(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _discover(args: argparse.Namespace) -> Inventory:

@@ -42,6 +42,8 @@ def test_configurations_load_and_bad_ones_are_named(tmp_path: Path) -> None:
     for body, words in (
         ({"x": {"mode": "static", "replicas": 4}}, "'x'.*replicas apply to mode shared only"),
         ({"x": {"mode": "everything"}}, "'x'.*mode"),
+        ({"x": {"mode": "shared", "replicas": 0}}, "'x'.*replicas must be 1 or more, or 'unlimited'"),
+        ({"x": {"mode": "shared", "replicas": 4.5}}, "'x'.*not a number of replicas"),
         ({"x": {"mode": "static", "colour": "red"}}, "'x'.*colour"),
         ({DEFAULT_NAME: {"mode": "static"}}, "daemon's own flags"),
         ({"two words": {"mode": "static"}}, "not a label value"),

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from dra_driver.claimstate.config import MpsConfig
 from dra_driver.kube import listwatch
 from dra_driver.kube.rest import KubeRest, path_of
-from dra_driver.slices.devices import UNLIMITED_REPLICAS, PublishMode, check_replicas
+from dra_driver.slices.devices import UNLIMITED_REPLICAS, PublishMode, check_replicas, parse_replicas
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,7 @@ class NodeConfig(BaseModel):
     @field_validator("replicas", mode="before")
     @classmethod
     def _words(cls, value: Any) -> Any:
-        if value == "unlimited":
-            return UNLIMITED_REPLICAS
-        return None if value == "" else value
+        return None if value is None or value == "" else parse_replicas(value)
 
     @model_validator(mode="after")
     def _fits(self) -> NodeConfig:

@@ -173,6 +173,22 @@ UNLIMITED_REPLICAS: Final = 0  # shared mode: any number of claims per GPU, as t
 MAX_REPLICAS: Final = 1024
 
 
+def parse_replicas(value: str | int) -> int:
+    """A number of replicas as a user writes it (the chart's `replicas`, `--replicas`): 1 or more, or `unlimited`
+    (UNLIMITED_REPLICAS); ValueError otherwise."""
+    if value == "unlimited":
+        return UNLIMITED_REPLICAS
+    if isinstance(value, bool) or not isinstance(value, int | str):  # true or 4.5 are no counts
+        raise ValueError(f"{value!r} is not a number of replicas or 'unlimited'")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number of replicas or 'unlimited'") from None
+    if n < 1:
+        raise ValueError(f"replicas must be 1 or more, or 'unlimited'; not {n}")
+    return n
+
+
 def check_replicas(replicas: int | None, mode: PublishMode) -> None:
     """ValueError unless `replicas` (None: share by memory; 0: unlimited; N: N claims per GPU) fits `mode`."""
     if replicas is None:
