@@ -53,7 +53,6 @@ def _content(obj: dict[str, Any]) -> dict[str, Any]:
     timeAdded), which would otherwise look like a difference on every pass and republish forever."""
     meta = obj.get("metadata", {})
     spec = dict(obj.get("spec", {}))
-    spec["metadata"] = {k: meta.get(k) or {} for k in ("labels", "annotations")}
     pool = dict(spec.get("pool", {}))
     pool.pop("generation", None)
     spec["pool"] = pool
@@ -64,7 +63,7 @@ def _content(obj: dict[str, Any]) -> dict[str, Any]:
             else d
             for d in spec["devices"]
         ]
-    return spec
+    return {"metadata": {k: meta.get(k) or {} for k in ("labels", "annotations")}, "spec": spec}
 
 
 class Publisher:
