@@ -90,6 +90,11 @@ def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_
             '"/k/plugins/gpu.example.com/dra.sock"}. Err: connection error: desc = "transport: Error while '
             'dialing: dial unix /k/plugins/gpu.example.com/dra.sock: connect: connection refused"\n'
         )
+        f.write(  # accepted by the closing server's backlog, then closed: seen in a rolling update with surge
+            "W1204 00:00:01.5 1 logging.go:55] [core] grpc: addrConn.createTransport failed to connect to {Addr: "
+            '"/k/plugins/gpu.example.com/dra-1.sock"}. Err: connection error: desc = "transport: failed to write '
+            'client preface: write unix @->/k/plugins/gpu.example.com/.tmp-a4.sock: write: broken pipe"\n'
+        )
         f.write(
             'E1204 00:00:02.0 1 remote_runtime.go:636] "ExecSync cmd from runtime service failed" err="rpc '
             'error: code = Canceled desc = context canceled" cmd=["dra-driver","probe","gpu.example.com"]\n'

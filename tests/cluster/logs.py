@@ -39,7 +39,8 @@ KUBELET_ROUTINE = (
     # watcher sees its registration socket go and drops the connection
     re.compile(
         r"grpc: addrConn\.createTransport failed to connect to .*: (connection refused|no such file or dir"
-        r"|connection reset by peer)"
+        r"|connection reset by peer"
+        r"|failed to write client preface: .*broken pipe)"
     ),
     # the liveness or readiness probe's exec cancelled by the kubelet itself because the container is stopping
     re.compile(r'"ExecSync cmd from runtime service failed" err="rpc error: code = Canceled desc = context canceled"'),

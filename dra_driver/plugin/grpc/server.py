@@ -375,13 +375,15 @@ class PluginServer:
         self._health.enter_graceful_shutdown()
         if self._resource_health is not None:
             self._resource_health.stop()  # its streams would otherwise hold the server for the whole grace period
+        # The registration socket goes first: the kubelet's plugin watcher drops this instance when it sees it go, so
+        # fewer of its reconnects reach a DRA server that is closing (each is a warning in the kubelet's log).
         for server, path in ((self._reg_server, self._reg_socket), (self._dra_server, self._dra_socket)):
-            if server is not None:
-                server.stop(grace).wait()
             try:
                 remove_own_socket(path, self._socket_ids.pop(path, None))
             except OSError as exc:
                 log.warning("cannot remove %s: %s", path, exc)
+            if server is not None:
+                server.stop(grace).wait()
         self._reg_server = None
         self._dra_server = None
 
