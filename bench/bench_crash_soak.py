@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
 
-from dra_driver.claimstate import crashpoints
+from dra_driver.claimstate import steps
 from tests.cluster.controlplane import ControlPlane
 from tests.crash_harness import (
     ALL_SPECS,
@@ -228,7 +228,7 @@ def main() -> None:
 def report(soak: Soak, failures: list[Failure], node: DaemonNode, seed: int, seconds: float) -> None:
     print(f"crash soak of the node daemon: {soak.trials} trials (seed {seed}), {seconds:.0f} s")
     rows = [("kill point (last step traced before the SIGKILL)", "kills")]
-    points = [f"{s.split('.')[0]}: {s}" for s in crashpoints.STEPS]
+    points = [f"{s.split('.')[0]}: {s}" for s in steps.ALL_POINTS]
     points += [f"prepare: {BEFORE_ANY_STEP}", f"unprepare: {BEFORE_ANY_STEP}", AFTER_ANSWER]
     order = {p: i for i, p in enumerate(points)}
     for point, n in sorted(soak.kill_points.items(), key=lambda kv: order.get(kv[0], len(order))):
@@ -236,7 +236,7 @@ def report(soak: Soak, failures: list[Failure], node: DaemonNode, seed: int, sec
     rows.append(("total", str(sum(soak.kill_points.values()))))
     print("\n".join(format_table(rows, total=True)))
     reached = {p.split(": ", 1)[1] for p in soak.kill_points if ": " in p}
-    missing = [s for s in crashpoints.STEPS if s not in reached and not s.startswith("recover.")]
+    missing = [s for s in steps.ALL_POINTS if s not in reached and not s.startswith("recover.")]
     print(f"steps of prepare/unprepare never the last before a kill: {', '.join(missing) if missing else 'none'}")
     by_invariant = Counter(f.invariant for f in failures)
     rows = [("trials", str(soak.trials)), ("operations killed", f"{soak.ops['prepare']} prepare, "

@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY, start_http_server
 
 from dra_driver import memory
 from dra_driver.claimstate.checkpoint import current_boot_id
+from dra_driver.claimstate.context import CallContext
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS, HealthMonitor, publishable
 from dra_driver.kube.rest import KubeRest, connect
 from dra_driver.nvml.discovery import DiscoveryError, discover
@@ -270,7 +271,7 @@ def _node_configurator(
     def switch(config: NodeConfig) -> list[str]:
         assert configurator is not None
         shared_changes = config.replicas != configurator.current.config.replicas
-        blockers = driver.reconfigure(config.mode, shared_changes=shared_changes, deadline=time.monotonic() + 30)
+        blockers = driver.reconfigure(config.mode, shared_changes=shared_changes, call=CallContext.within(30))
         if not blockers:  # new MPS claims only: a running control daemon keeps the settings it started with
             driver.sharing.mps_defaults = config.mps
         return blockers

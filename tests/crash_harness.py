@@ -45,6 +45,7 @@ import grpc
 import pynvml
 
 from dra_driver.claimstate import crashpoints
+from dra_driver.claimstate.steps import ALL_POINTS, PREPARE_POINTS, RECOVERY_POINTS, TEARDOWN_POINTS
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.socket_identity import socket_id
 from dra_driver.plugin.types import ClaimRef
@@ -946,10 +947,10 @@ def summary_table(reports: Sequence[ScenarioReport], nodes: Sequence[DaemonNode]
         )
     )
     lines = format_table(rows, total=True)
-    missing = [s for s in crashpoints.STEPS if s not in reached_steps(reports)]
+    missing = [s for s in ALL_POINTS if s not in reached_steps(reports)]
     lines.append(
         "prepare/unprepare/recovery: distinct steps reached (of "
-        f"{len(crashpoints.PREPARE_STEPS)}/{len(crashpoints.UNPREPARE_STEPS)}/{len(crashpoints.RECOVERY_STEPS)}); "
+        f"{len(PREPARE_POINTS)}/{len(TEARDOWN_POINTS)}/{len(RECOVERY_POINTS)}); "
         "killed: trials whose daemon died at its step; seconds: wall time (scenarios run in parallel)"
     )
     lines.append("steps not reached by any scenario: " + (", ".join(missing) if missing else "none"))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.claimstate import crashpoints
+from dra_driver.claimstate import steps
 from tests.crash_harness import REPO_ROOT, crash_points_wired, reached_steps, run_matrix, summary_table
 
 WORKERS = int(os.environ.get("DRA_CRASH_WORKERS", "2"))  # nodes (each a daemon) crashed in parallel
@@ -60,7 +60,7 @@ def test_daemon_recovers_from_a_kill_at_every_step(control_plane, tmp_path: Path
     assert not failures, f"{len(failures)} invariant failures after kills (daemon logs under {logs}):\n{table}"
     shutil.rmtree(root, ignore_errors=True)
     if crash_points_wired() and not only:
-        missing = [s for s in crashpoints.STEPS if s not in reached_steps(reports)]
+        missing = [s for s in steps.ALL_POINTS if s not in reached_steps(reports)]
         assert not missing, (
             f"crash points never reached by any scenario: {', '.join(missing)} "
             "(the driver calls crashpoints.reached for some steps but not these, or no scenario gets there)"

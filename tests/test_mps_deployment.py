@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dra_driver.claimstate.context import CallContext
 from dra_driver.cli import build_parser
 from dra_driver.sharing.mps_control_daemon import MpsDaemonError, MpsSettings
 from dra_driver.sharing.mps_deployment import READY_FILE, HostMount, MpsPods, PodSettings, pod_name
@@ -342,19 +343,24 @@ class Sharing:
     def prepare(self, uid: str, deadline: float) -> Any:
         from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
         from dra_driver.claimstate.config import decode
+        from dra_driver.claimstate.context import CallContext
+        from dra_driver.claimstate.steps import ClaimRecord
         from dra_driver.sharing import Target
 
         record = CheckpointedDevice(pool="node-a", device="gpu-0")
-        self.checkpoint.put(ClaimEntry(uid=uid, namespace="default", name=uid, state=ClaimState.PREPARE_STARTED,
-                                       devices=[record]))  # fmt: skip
+        entry = ClaimEntry(uid=uid, namespace="default", name=uid, state=ClaimState.PREPARE_STARTED, devices=[record])
+        claim = ClaimRecord(self.checkpoint, entry)
+        self.checkpoint.put(claim.entry)
         config = decode({"apiVersion": "gpu.resource.dra-driver.dev/v1alpha1", "kind": "GpuConfig", "sharing": {
             "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40,
                                              "defaultPinnedDeviceMemoryLimit": "1Gi"}}})  # fmt: skip
-        return self.manager.apply(uid, [Target(record, config, self.uuid, False)], self.checkpoint.save,
-                                  deadline=deadline)  # fmt: skip
+        return self.manager.apply(claim, [Target(0, record.device, False, config, self.uuid, False)], [],
+                                  CallContext(deadline))  # fmt: skip
 
     def unprepare(self, uid: str) -> None:
-        self.manager.undo(uid, self.checkpoint.claims[uid].devices)
+        from dra_driver.claimstate.steps import ClaimRecord
+
+        self.manager.undo(ClaimRecord(self.checkpoint, self.checkpoint.claims[uid]), [])
         self.checkpoint.drop(uid)
 
     def mode(self) -> int:
@@ -405,7 +411,7 @@ def test_manager_runs_the_claims_daemon_in_a_pod_with_a_tmpfs_shm_and_undoes_it(
         assert shm is not None and shm.fs_type == "tmpfs" and "size=4096k" in shm.options
         assert {m.container_path: m.host_path for m in edits.mounts or []}["/dev/shm"] == str(directory / "shm")
         assert sharing.mode() == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
-        assert sharing.checkpoint.claims[uid].devices[0].sharing["applied"] is True
+        assert sharing.checkpoint.claims[uid].devices[0].sharing.applied is True  # type: ignore[union-attr]
         sharing.unprepare(uid)
         assert _pods(control_plane, ns) == {}  # the daemon is gone before anything under it goes
         assert sharing.shm(uid) is None and not directory.exists()
@@ -422,9 +428,9 @@ def test_a_daemon_that_does_not_start_or_stop_fails_the_step_and_leaves_what_it_
     ns, uid = sharing.pods.namespace, "claim-b"
     with pytest.raises(SharingError, match="mps-control-daemon-claim-b not ready"):
         sharing.prepare(uid, time.monotonic() + 10)  # no kubelet reports it ready
-    assert sharing.checkpoint.claims[uid].devices[0].sharing["applied"] is False  # the intent, for the undo
+    assert sharing.checkpoint.claims[uid].devices[0].sharing.applied is False  # type: ignore[union-attr]  # the intent, for the undo
     with pytest.raises(SharingError, match="has not confirmed that its container stopped"):
-        sharing.manager._stop_mps(uid, sharing.manager.mps_dir(uid), time.monotonic() + 2)
+        sharing.manager._stop_mps(uid, sharing.manager.mps_dir(uid), CallContext(time.monotonic() + 2.5))
     # the daemon may still run: its shm, its directory and the GPU's compute mode stay
     assert sharing.shm(uid) is not None and sharing.manager.mps_dir(uid).is_dir()
     assert sharing.mode() == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from dra_driver.claimstate import checkpoint as checkpoint_module
-from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
+from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState, MpsRecord
+from dra_driver.claimstate.context import CallContext
 from dra_driver.plugin import driver as driver_module
 from dra_driver.plugin.claims import DeviceClass, KubeClaimSource, ResourceClaim
 from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
@@ -172,7 +174,7 @@ def test_a_claim_is_read_and_rechecked_while_another_prepare_holds_the_device_lo
     monkeypatch.setattr(driver_module, "check_selectors", check)
     out: dict[str, Any] = {}
     with d._locked():  # another prepare carving a MIG device, say
-        t = threading.Thread(target=lambda: out.update(d.prepare([ref(c)], deadline=time.monotonic() + 60)))
+        t = threading.Thread(target=lambda: out.update(d.prepare([ref(c)], CallContext(time.monotonic() + 60))))
         t.start()
         # before the lock was narrowed, the CEL re-check waited here for the lock
         assert checked.wait(20), "the claim's selector check waited for the device lock"
@@ -200,7 +202,7 @@ def test_a_gpus_device_nodes_are_read_while_another_prepare_holds_the_device_loc
     monkeypatch.setattr(driver_module, "gpu_nodes", nodes)
     out: dict[str, Any] = {}
     with d._locked():
-        t = threading.Thread(target=lambda: out.update(d.prepare([ref(c)], deadline=time.monotonic() + 60)))
+        t = threading.Thread(target=lambda: out.update(d.prepare([ref(c)], CallContext(time.monotonic() + 60))))
         t.start()
         assert read.wait(20), "the device nodes were read under the device lock"
         assert t.is_alive()
@@ -374,30 +376,34 @@ def test_a_save_encodes_only_the_claims_that_changed_since_the_last_one(
     monkeypatch.setattr(checkpoint_module, "_canonical", canonical)
     assert not d.prepare([ref(claims[7])])[ref(claims[7]).uid].error
     entries = [e for e in encoded if isinstance(e, dict) and "uid" in e]
-    assert [e["uid"] for e in entries] == [ref(claims[7]).uid]  # one save: PrepareCompleted of a whole GPU
+    # two saves (PrepareStarted, PrepareCompleted of a whole GPU), each encoding that claim only
+    assert [e["uid"] for e in entries] == [ref(claims[7]).uid] * 2
     assert not any(isinstance(e, dict) and "claims" in e for e in encoded)  # never the whole data again
     assert set(_checked_claims(d.checkpoint.path)) == {ref(c).uid for c in claims}
 
 
 def test_each_claim_is_written_as_it_was_when_last_put(tmp_path: Path) -> None:
     """A write re-encodes only the claim put (the driver puts the claim it changed, after each change); `save`
-    writes every claim as it is now. The file is always a valid checkpoint of what was recorded."""
+    writes every claim as it is now. Records are immutable: a change is a new record, written when it is put, so
+    a write of one claim never carries (or loses) an unwritten change of another. The file is always a valid
+    checkpoint of what was recorded."""
     path = tmp_path / "checkpoint.json"
     cp = Checkpoint(path, "boot")
-    devices = [CheckpointedDevice(pool="n", device="gpu-0", sharing={"strategy": "MPS", "applied": False})]
+    devices = [CheckpointedDevice(pool="n", device="gpu-0", sharing=MpsRecord(dir="/d", uuid="GPU-0"))]
     one = ClaimEntry(uid="u1", namespace="ns", name="ünï", state=ClaimState.PREPARE_STARTED, devices=devices)
     two = ClaimEntry.model_validate({"uid": "u2", "namespace": "ns", "name": "b", "state": "PrepareCompleted",
                                      "devices": [{"pool": "n", "device": "gpu-1", "future": {"x": 1}}]})  # fmt: skip
     cp.put(one)
     cp.put(two)
     assert one.devices[0].sharing is not None
-    one.devices[0].sharing["applied"] = True  # in place, as sharing marks its record applied
+    with pytest.raises(ValidationError):
+        one.devices[0].sharing.applied = True  # type: ignore[misc]  # in place: refused
+    applied = one.with_device(0, sharing=one.devices[0].sharing.model_copy(update={"applied": True}))
     cp.put(two)
     assert _checked_claims(path)["u1"]["devices"][0]["sharing"]["applied"] is False  # not put since
-    cp.put(one)
+    cp.put(applied)
     assert _checked_claims(path)["u1"]["devices"][0]["sharing"]["applied"] is True
-    one.state = ClaimState.PREPARE_COMPLETED
-    one.devices[0].released = True
+    cp.data.claims["u1"] = applied.with_state(ClaimState.PREPARE_COMPLETED).with_devices(released=True)
     cp.save()
     saved = _checked_claims(path)
     assert saved["u1"]["state"] == "PrepareCompleted" and saved["u1"]["devices"][0]["released"] is True

@@ -20,6 +20,7 @@ import pytest
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.cdi.store import CdiStore
 from dra_driver.claimstate.checkpoint import CheckpointVersionError, ClaimState
+from dra_driver.claimstate.context import CallContext
 from dra_driver.nvml.mig import destroy_gpu_instance
 from dra_driver.plugin.driver import Driver
 from dra_driver.plugin.failures import FailureKind
@@ -251,7 +252,8 @@ node.add(c)
 d = node.driver()
 real = os.replace
 def replace(src, dst):
-    if str(dst).endswith("checkpoint.json") and not os.path.exists(dst):
+    completed = open(src, "rb").read().count(b'"PrepareCompleted"') == 2  # the save of the second claim's
+    if str(dst).endswith("checkpoint.json") and not os.path.exists(dst) and completed:
         os.kill(os.getpid(), signal.SIGKILL)  # the old file is unlinked, the new one not yet renamed
     real(src, dst)
 checkpoint.os.replace = replace
@@ -399,11 +401,11 @@ def test_a_held_node_lock_ends_the_wait_at_the_deadline(node: Node) -> None:
     with open(node.plugin_dir / "pu.lock") as other:  # another plugin process holds the lock, stalled
         fcntl.flock(other, fcntl.LOCK_EX)
         start = time.monotonic()
-        result = d.prepare([ref(c)], deadline=start + 1.5)[_uid(c)]
+        result = d.prepare([ref(c)], CallContext(start + 1.5))[_uid(c)]
         assert "deadline exceeded waiting for the node's device lock" in result.error
         assert result.failure is not None and result.failure.kind is FailureKind.LOCK_TIMEOUT
         assert time.monotonic() - start < 1.5 and node.cdi_files() == []
-    assert d.prepare([ref(c)], deadline=time.monotonic() + 5)[_uid(c)].error == ""
+    assert d.prepare([ref(c)], CallContext(time.monotonic() + 5))[_uid(c)].error == ""
 
 
 def test_start_up_switches_off_a_mig_mode_a_crash_left_on(node: Node) -> None:

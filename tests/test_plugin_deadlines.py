@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client
 
 from dra_driver.cdi.spec import spec_file_name
+from dra_driver.claimstate.context import CallContext
 from dra_driver.plugin.claims import API_TIMEOUT_S, DeviceClass, KubeClaimSource, ResourceClaim, StaticClaimSource
 from dra_driver.plugin.driver import Driver
 from dra_driver.plugin.failures import FailureKind
@@ -119,7 +120,7 @@ def test_prepare_past_its_deadline_reads_nothing_and_says_so(tmp_path: Path) -> 
     node.add(c)
     source = node.source = StalledClaims(node.source)  # type: ignore[assignment]
     d = node.driver()
-    result = d.prepare([ref(c)], deadline=time.monotonic() - 1)[c["metadata"]["uid"]]
+    result = d.prepare([ref(c)], CallContext(time.monotonic() - 1))[c["metadata"]["uid"]]
     error = result.error
     assert "deadline exceeded" in error and f"default/{c['metadata']['name']}" in error
     assert result.failure is not None and result.failure.kind is FailureKind.DEADLINE and result.failure.retryable
@@ -134,7 +135,7 @@ def test_every_api_read_has_a_timeout_bounded_by_the_deadline(tmp_path: Path) ->
     d = node.driver()
     assert d.prepare([ref(a)])[a["metadata"]["uid"]].error == ""
     assert source.timeouts == [API_TIMEOUT_S]  # no deadline: the default
-    d.prepare([ref(b)], deadline=time.monotonic() + 3)
+    d.prepare([ref(b)], CallContext(time.monotonic() + 3))
     (timeout,) = source.timeouts[1:]
     assert timeout is not None and 0 < timeout < 3
 
@@ -214,13 +215,13 @@ def test_an_unprepare_waiting_on_a_held_node_lock_ends_at_its_deadline(tmp_path:
     uid = c["metadata"]["uid"]
     with node_lock_held(node):
         start = time.monotonic()
-        failure = d.unprepare([ref(c)], deadline=start + 1.5)[uid]
+        failure = d.unprepare([ref(c)], CallContext(start + 1.5))[uid]
         assert time.monotonic() - start < 1.5  # answered before the caller gives up
         assert failure is not None and failure.kind is FailureKind.LOCK_TIMEOUT and failure.retryable
         error = failure.message
         assert "deadline exceeded waiting for the node's device lock" in error and "nothing was changed" in error
         assert uid in d.checkpoint.claims and node.cdi_files() != []  # nothing was changed
-    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: None}  # the kubelet's retry
+    assert d.unprepare([ref(c)], CallContext(time.monotonic() + 5)) == {uid: None}  # the kubelet's retry
     assert uid not in d.checkpoint.claims and node.cdi_files() == []
 
 
@@ -273,9 +274,9 @@ def test_start_up_serves_while_another_process_holds_the_node_lock(tmp_path: Pat
         (d,) = started
         assert not d.recovered and orphan.exists()
         uid = c["metadata"]["uid"]
-        failure = d.unprepare([ref(c)], deadline=time.monotonic() + 1)[uid]
+        failure = d.unprepare([ref(c)], CallContext(time.monotonic() + 1))[uid]
         assert failure is not None and "deadline exceeded" in failure.message and failure.retryable
     wait_until("start-up recovery, once the lock is free", lambda: d.recovered, timeout=10)
     assert uid in d.checkpoint.claims and not orphan.exists()  # a prepared claim is kept, the orphan spec removed
-    assert d.unprepare([ref(c)], deadline=time.monotonic() + 5) == {uid: None}
+    assert d.unprepare([ref(c)], CallContext(time.monotonic() + 5)) == {uid: None}
     d.close()

@@ -15,7 +15,7 @@ import pynvml
 import pytest
 
 from dra_driver.cdi.spec import spec_file_name
-from dra_driver.claimstate.checkpoint import ClaimState
+from dra_driver.claimstate.checkpoint import ClaimState, MpsRecord, TimeSlicingRecord
 from dra_driver.plugin import driver as driver_module
 from dra_driver.plugin.driver import Driver
 from dra_driver.plugin.failures import FailureKind
@@ -70,11 +70,13 @@ class Recording:
         self.fail: Any = None
         self.after: Any = None
 
-    def run(self, argv: list[str], *, env: Any = None, input: str | None = None) -> CommandResult:
+    def run(
+        self, argv: list[str], *, env: Any = None, input: str | None = None, timeout: float | None = None
+    ) -> CommandResult:
         self.calls.append({"argv": list(argv), "env": dict(env or {}), "input": input})
         if self.fail is not None and (answer := self.fail(argv, input)) is not None:
             return answer  # type: ignore[no-any-return]
-        result = self.inner.run(argv, env=env, input=input)
+        result = self.inner.run(argv, env=env, input=input, timeout=timeout)
         if self.after is not None:
             self.after(argv, input)
         return result
@@ -151,10 +153,9 @@ def test_time_slice_is_set_recorded_and_reset(node: Node, runner: Recording) -> 
     tool_calls = [c["argv"] for c in runner.state.calls]
     assert tool_calls[-1] == [str(node.sim.driver_root / "usr" / "bin" / "nvidia-smi"), *set_slice(gpu, 3)[1:]]
     record = d.checkpoint.claims[uid(c)].devices[0].sharing
-    assert record == {"strategy": "TimeSlicing", "gpuUuid": gpu, "interval": 3, "computeMode": "Default",
-                      "applied": True}  # fmt: skip
+    assert record == TimeSlicingRecord(gpu_uuid=gpu, interval=3, compute_mode="Default", applied=True)
     saved = json.loads((node.plugin_dir / "checkpoint.json").read_text())
-    assert saved["data"]["claims"][uid(c)]["devices"][0]["sharing"] == record
+    assert saved["data"]["claims"][uid(c)]["devices"][0]["sharing"] == record.model_dump()
     again = d.prepare([ref(c)])[uid(c)]  # idempotent: no command
     assert again.error == "" and len(runner.calls) == 2
     assert d.unprepare([ref(c)]) == {uid(c): None}
@@ -172,7 +173,8 @@ def test_time_slicing_sets_compute_mode_default_and_restores_the_mode_found(node
     assert [call["argv"] for call in runner.calls] == [query(gpu), set_mode(gpu, "DEFAULT"), set_slice(gpu, 2)]
     handle = node.sim.nvmlDeviceGetHandleByUUID(gpu)
     assert node.sim.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT  # NVML sees what was set
-    assert d.checkpoint.claims[uid(c)].devices[0].sharing["computeMode"] == "Exclusive_Process"  # type: ignore[index]
+    record = d.checkpoint.claims[uid(c)].devices[0].sharing
+    assert record is not None and record.compute_mode == "Exclusive_Process"
     assert d.unprepare([ref(c)]) == {uid(c): None}
     assert [call["argv"] for call in runner.calls[3:]] == [set_slice(gpu, 0), set_mode(gpu, "EXCLUSIVE_PROCESS")]
     assert node.sim.nvmlDeviceGetComputeMode(handle) == EXCLUSIVE
@@ -289,8 +291,7 @@ def test_mps_daemon_directories_and_cdi_edits(node: Node, runner: Recording) -> 
     ]
     records = [dev.sharing for dev in d.checkpoint.claims[uid(c)].devices]
     assert records == [
-        {"strategy": "MPS", "dir": str(root), "uuid": u, "gpuUuid": u, "computeMode": "Default", "applied": True}
-        for u in uuids
+        MpsRecord(dir=str(root), uuid=u, gpu_uuid=u, compute_mode="Default", applied=True) for u in uuids
     ]
     before = len(runner.calls)
     assert d.unprepare([ref(c)]) == {uid(c): None}

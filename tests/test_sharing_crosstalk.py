@@ -13,8 +13,16 @@ from typing import Any
 import pynvml
 import pytest
 
-from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
+from dra_driver.claimstate.checkpoint import (
+    Checkpoint,
+    CheckpointedDevice,
+    ClaimEntry,
+    ClaimState,
+    MpsRecord,
+    TimeSlicingRecord,
+)
 from dra_driver.claimstate.config import decode
+from dra_driver.claimstate.steps import APPLY_SHARING, STARTED, WRITE_CDI, ClaimRecord, Slot, Step
 from dra_driver.sharing import SharingConflict, SharingManager, Target
 from dra_driver.sharing.conflicts import Wanted, check
 from dra_driver.simulator.nvml import SimulatedNvml
@@ -54,26 +62,25 @@ class Node:
     def entry(self, name: str) -> ClaimEntry:
         return next(e for e in self.checkpoint.claims.values() if e.name == name)
 
-    def prepare(self, name: str, sharing: dict[str, Any] | None, *, save: Any = None) -> str:
+    def prepare(self, name: str, sharing: dict[str, Any] | None, *, record: type[ClaimRecord] = ClaimRecord) -> str:
         """'' or the claim's error; a failed claim is undone and dropped, as the driver does."""
         uid = str(uuidlib.uuid4())
-        record = CheckpointedDevice(pool="node", device=f"gpu-{GPU}", share_id=uid[:8])
-        entry = ClaimEntry(uid=uid, namespace="default", name=name, state=ClaimState.PREPARE_STARTED, devices=[record])
-        self.checkpoint.put(entry)
+        device = CheckpointedDevice(pool="node", device=f"gpu-{GPU}", share_id=uid[:8])
+        entry = ClaimEntry(uid=uid, namespace="default", name=name, state=ClaimState.PREPARE_STARTED, devices=[device])
+        claim = record(self.checkpoint, entry)
+        claim.record(STARTED, "recorded", entry)
         config = decode({"apiVersion": API, "kind": "GpuConfig", "sharing": sharing}) if sharing else None
         try:
-            self.manager.apply(uid, [Target(record, config, self.uuid, False)], save or self.checkpoint.save,
-                               self.others(uid))  # fmt: skip
+            self.manager.apply(claim, [Target(0, device.device, False, config, self.uuid, False)], self.others(uid))
         except SharingConflict as e:
             self.unprepare(name)
             return str(e)
-        entry.state = ClaimState.PREPARE_COMPLETED
-        self.checkpoint.put(entry)
+        claim.record_state(WRITE_CDI, ClaimState.PREPARE_COMPLETED)
         return ""
 
     def unprepare(self, name: str) -> None:
         entry = self.entry(name)
-        self.manager.undo(entry.uid, entry.devices, self.others(entry.uid))
+        self.manager.undo(ClaimRecord(self.checkpoint, entry), self.others(entry.uid))
         self.checkpoint.drop(entry.uid)
 
     def calls(self, *words: str) -> list[list[str]]:
@@ -109,8 +116,9 @@ def test_claims_asking_for_the_same_interval_share_it_until_the_last_one_goes(no
     assert node.prepare("a", time_slicing("Long")) == ""
     assert node.mode() == DEFAULT
     assert node.prepare("b", time_slicing("Long")) == ""
-    assert node.entry("b").devices[0].sharing == {"strategy": "TimeSlicing", "gpuUuid": node.uuid, "interval": 3,
-                                                  "computeMode": "Exclusive_Process", "applied": True}  # fmt: skip
+    assert node.entry("b").devices[0].sharing == TimeSlicingRecord(
+        gpu_uuid=node.uuid, interval=3, compute_mode="Exclusive_Process", applied=True
+    )
     node.unprepare("b" if last == "a" else "a")
     assert node.state.timeslice(node.uuid) == 3 and node.mode() == DEFAULT  # the other claim still runs with it
     assert node.calls("--set-timeslice", "0") == [] and node.calls("-c", "EXCLUSIVE_PROCESS") == []
@@ -162,19 +170,18 @@ def test_no_claim_joins_a_gpu_that_runs_another_claims_mps_daemon(node: Node) ->
 
 def test_a_crash_while_joining_a_shared_gpu_is_undone_without_touching_the_other_claim(node: Node) -> None:
     assert node.prepare("a", time_slicing("Long")) == ""
-    saves = []
 
-    def crash_after_intent() -> None:
-        node.checkpoint.save()
-        saves.append(1)
-        if len(saves) == 1:
-            raise Killed  # the intent is on disk, then the plugin dies
+    class CrashAfterIntent(ClaimRecord):
+        def record(self, step: Step, slot: Slot, entry: ClaimEntry) -> None:
+            super().record(step, slot, entry)
+            if step is APPLY_SHARING and slot == "intent":
+                raise Killed  # the intent is on disk, then the plugin dies
 
     with pytest.raises(Killed):
-        node.prepare("b", time_slicing("Long"), save=crash_after_intent)
+        node.prepare("b", time_slicing("Long"), record=CrashAfterIntent)
     restarted = Checkpoint(node.checkpoint.path, "boot")  # what the next process reads
     b = next(e for e in restarted.claims.values() if e.name == "b")
-    assert b.devices[0].sharing is not None and b.devices[0].sharing["applied"] is False
+    assert b.devices[0].sharing is not None and b.devices[0].sharing.applied is False
     node.checkpoint = restarted
     node.unprepare("b")  # start-up recovery undoes it, with the checkpoint's other claims
     assert node.state.timeslice(node.uuid) == 3
@@ -187,7 +194,7 @@ def test_devices_with_admin_access_or_released_hold_nothing() -> None:
         d = CheckpointedDevice(pool="p", device="gpu-0", **device)
         return ClaimEntry(uid=name, namespace="ns", name=name, state=ClaimState.PREPARE_COMPLETED, devices=[d])
 
-    mps_record = {"strategy": "MPS", "dir": "/x", "uuid": "GPU-0", "gpuUuid": "GPU-0", "applied": True}
+    mps_record = MpsRecord(dir="/x", uuid="GPU-0", gpu_uuid="GPU-0", applied=True)
     released = entry("gone", sharing=mps_record, released=True)
     admin = entry("admin", admin_access=True)
     check([Wanted("gpu-0", "GPU-0", "MPS")], [released, admin])

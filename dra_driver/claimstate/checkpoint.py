@@ -2,7 +2,13 @@
 
 A claim goes PrepareStarted -> PrepareCompleted -> UnprepareStarted -> (dropped); a failed prepare goes
 PrepareStarted -> UnprepareStarted -> (dropped). Each device records the MIG device it carved (with its UUID, so
-that a reused GPU instance id is never mistaken for it) and, once torn down, `released`.
+that a reused GPU instance id is never mistaken for it), the sharing settings applied to it (typed: TimeSlicing or
+MPS) and, once torn down, `released`. Which step writes which record is declared in `steps`.
+
+Records are immutable: a step makes a changed copy of its claim's entry and puts it (`ClaimEntry.with_device`,
+`with_state`), so an entry is never changed without being written, and a write of one claim never carries a
+half-made change of another. The format is versioned; an older version's file is converted when read
+(`_UPGRADES`, one function per version) and written in the current one.
 
 Written atomically (temp file, rename), readable by root only, and never fsynced: a killed process leaves its
 writes in the page cache, and only a crash of the node itself (power loss, kernel panic) can lose or tear them, after
@@ -24,18 +30,19 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.files import open_new, write_all
 from dra_driver.nvml.mig import LiveMig
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 2  # of the file's format: a newer one is refused
+CHECKPOINT_VERSION = 3  # of the file's format: a newer one is refused, an older one converted (`_UPGRADES`)
 FILE_MODE = 0o600  # claim names, namespaces and device ids are nobody else's business
 
 
@@ -54,7 +61,32 @@ class ClaimState(StrEnum):
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")  # keep what a newer driver of the same format version wrote
+    # frozen: changed by copies that are then put; extra: keep what a newer driver of the same format version wrote
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class TimeSlicingRecord(_Lenient):
+    """A whole GPU's time slice, set for the claim (and the compute mode found before, restored on undo)."""
+
+    strategy: Literal["TimeSlicing"] = "TimeSlicing"
+    gpu_uuid: str
+    interval: int
+    compute_mode: str
+    applied: bool = False  # False: the intent, recorded before the change; True: confirmed applied
+
+
+class MpsRecord(_Lenient):
+    """The claim's MPS control daemon in `dir`, serving `uuid`; on a whole GPU also the compute mode found."""
+
+    strategy: Literal["MPS"] = "MPS"
+    dir: str
+    uuid: str
+    gpu_uuid: str | None = None  # set for a whole GPU: the daemon needs it in EXCLUSIVE_PROCESS mode
+    compute_mode: str | None = None
+    applied: bool = False
+
+
+SharingRecord = Annotated[TimeSlicingRecord | MpsRecord, Field(discriminator="strategy")]
 
 
 class CheckpointedDevice(_Lenient):
@@ -65,7 +97,7 @@ class CheckpointedDevice(_Lenient):
     admin_access: bool = False
     share_id: str | None = None  # the allocation's shareID, for devices several claims hold at once
     mig: LiveMig | None = None  # set once the MIG device exists
-    sharing: dict[str, Any] | None = None  # sharing settings applied (or being applied): dra_driver.sharing
+    sharing: SharingRecord | None = None  # sharing settings applied (or being applied): dra_driver.sharing
     released: bool = False  # torn down (MIG device destroyed, sharing undone): it holds nothing on the node
 
 
@@ -74,12 +106,57 @@ class ClaimEntry(_Lenient):
     namespace: str
     name: str
     state: ClaimState
-    devices: list[CheckpointedDevice] = []
+    devices: tuple[CheckpointedDevice, ...] = ()
+
+    def with_state(self, state: ClaimState) -> ClaimEntry:
+        return self.model_copy(update={"state": state})
+
+    def with_device(self, index: int, **changes: Any) -> ClaimEntry:
+        """A copy with device `index` changed (`changes`: its fields' new values)."""
+        devices = list(self.devices)
+        devices[index] = devices[index].model_copy(update=changes)
+        return self.model_copy(update={"devices": tuple(devices)})
+
+    def with_devices(self, **changes: Any) -> ClaimEntry:
+        """A copy with every device changed alike."""
+        return self.model_copy(update={"devices": tuple(d.model_copy(update=changes) for d in self.devices)})
 
 
 class CheckpointData(_Lenient):
+    model_config = ConfigDict(extra="allow", frozen=False)  # its claims dict is the checkpoint's index
+
     boot_id: str
     claims: dict[str, ClaimEntry] = {}
+
+
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 kept a device's sharing record as a free-form object with camelCase keys."""
+    renames = {"gpuUuid": "gpu_uuid", "computeMode": "compute_mode"}
+    for claim in (data.get("claims") or {}).values():
+        for device in claim.get("devices") or []:
+            record = device.get("sharing")
+            if isinstance(record, dict):
+                device["sharing"] = {renames.get(k, k): v for k, v in record.items()}
+    return data
+
+
+# version -> the conversion of its data to the next version's
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {2: _v2_to_v3}
+
+
+def _upgraded(path: Path, version: int, data: Any) -> Any:
+    """`data` of format `version` in the current format."""
+    if version < min(_UPGRADES, default=CHECKPOINT_VERSION):
+        raise CheckpointVersionError(
+            f"checkpoint {path} has format version {version}, which no release wrote and this driver does not "
+            "convert; it was left untouched: move it away to start with no prepared claims"
+        )
+    while version < CHECKPOINT_VERSION:
+        if not isinstance(data, dict):
+            break  # refused by the model's validation
+        data = _UPGRADES[version](data)
+        version += 1
+    return data
 
 
 def _canonical(data: Any) -> bytes:
@@ -115,7 +192,7 @@ def _decode(path: Path, raw: bytes) -> Any:
             f"checkpoint {path} fails its checksum (stored {str(stored)[:12]}, computed {computed[:12]}); "
             "it was left untouched: inspect it, then move it away to start with no prepared claims"
         )
-    return data
+    return _upgraded(path, version, data)
 
 
 def _written_before_boot(path: Path, stat_file: Path = Path("/proc/stat")) -> bool:
@@ -287,8 +364,7 @@ class Checkpoint:
         return self.data.claims
 
     def put(self, entry: ClaimEntry) -> None:
-        """Record `entry` as it is now; the other claims are written as they were last put. Changes made to a
-        claim's record in place are written when that claim is put."""
+        """Record `entry` (a claim's new record: entries are immutable); the other claims as they were put."""
         self.data.claims[entry.uid] = entry
         self._encoded.pop(entry.uid, None)
         self._write()

@@ -1,4 +1,5 @@
-"""Named steps of prepare, unprepare and start-up recovery where a test can kill the process.
+"""Crash points: where a test can kill the process. Their names and order are declared with the steps they belong
+to (claimstate.steps: `ALL_POINTS`).
 
 Off unless the environment asks for it, so production never pays more than one dict lookup per step:
 
@@ -21,39 +22,12 @@ CRASH_AT_ENV = "DRA_DRIVER_CRASH_AT"
 TRACE_ENV = "DRA_DRIVER_CRASH_TRACE"
 ONCE_ENV = "DRA_DRIVER_CRASH_ONCE"
 
-# Every step, in the order a prepare, an unprepare and a start-up reach them.
-PREPARE_STEPS = (
-    "prepare.started-recorded",  # PrepareStarted is in the checkpoint, nothing changed on the node yet
-    "prepare.mig-created",  # a MIG device exists, not yet in the checkpoint
-    "prepare.mig-recorded",  # ... and recorded
-    "prepare.sharing-intent-recorded",  # sharing settings about to be applied are in the checkpoint
-    "prepare.sharing-applied",  # time slice set / MPS daemon started, not yet marked applied
-    "prepare.cdi-written",  # the claim's CDI spec is on disk
-    "prepare.completed-recorded",  # PrepareCompleted is in the checkpoint, the answer not yet sent
-)
-UNPREPARE_STEPS = (
-    "unprepare.started-recorded",  # UnprepareStarted is in the checkpoint
-    "unprepare.sharing-undone",  # MPS daemon stopped, time slice reset
-    "unprepare.mig-destroyed",  # a MIG device is gone, not yet marked released
-    "unprepare.released-recorded",  # every device is marked released in the checkpoint
-    "unprepare.mig-mode-restored",  # MIG switched off where no instance is left
-    "unprepare.cdi-removed",  # the CDI spec is gone, the entry not yet dropped
-    "unprepare.dropped",  # the checkpoint entry is gone
-)
-RECOVERY_STEPS = (
-    "recover.started",  # the checkpoint is loaded, nothing done yet
-    "recover.claim-torn-down",  # an interrupted claim was undone
-    "recover.orphan-mig-destroyed",  # a MIG device no claim owns was destroyed
-    "recover.orphan-cdi-removed",  # a CDI spec no claim owns was removed
-)
-STEPS = PREPARE_STEPS + UNPREPARE_STEPS + RECOVERY_STEPS
-
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
 
 
 def reached(step: str) -> None:
-    """Mark that `step` is reached; kills the process here when the environment says so."""
+    """Mark that the crash point `step` is reached; kills the process here when the environment says so."""
     target = os.environ.get(CRASH_AT_ENV)
     trace = os.environ.get(TRACE_ENV)
     if not target and not trace:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dra_driver.claimstate.deadline import time_left
+from dra_driver.claimstate.context import time_left
 from dra_driver.kube.rest import as_rest, path_of
 
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"

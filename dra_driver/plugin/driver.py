@@ -1,30 +1,29 @@
 """Preparing and unpreparing claims on this node: the ClaimPreparer behind the kubelet gRPC services.
 
-Order of a prepare, chosen so that a crash at any step leaves nothing that the next start cannot find and
-undo: validate everything (no change yet) -> checkpoint PrepareStarted -> carve MIG devices, recording each
-in the checkpoint as soon as it exists -> apply sharing (time-slicing, MPS; recorded before and after) -> write
-the CDI spec -> checkpoint PrepareCompleted. Unprepare, a failed prepare and start-up recovery walk the same steps
-backwards from UnprepareStarted, destroying a MIG device only after checking it is still the one recorded (GPU
-instance ids are reused). A PrepareCompleted claim whose MIG device or CDI spec is gone is undone and prepared
-again, never answered as prepared. Each step is a named crash point (`crashpoints`) for the kill tests.
+A prepare checks everything first (the claim, its classes, CEL selectors, configs, device nodes: `_check`, outside
+the device locks, in parallel with other prepares; then, under them, the other claims' devices: `_plan`), then runs
+the prepare steps of `claimstate.steps` in order; unprepare, a failed prepare and start-up recovery run the teardown
+steps; start-up runs the recovery steps. Each step is a handler here (`_PREPARE`, `_TEARDOWN`, `_RECOVERY`, checked
+against the tables at import), records what the table says through the claim's `ClaimRecord`, and reaches its crash
+points. A MIG device is destroyed only after checking it is still the one recorded (GPU instance ids are reused); a
+PrepareCompleted claim whose MIG device or CDI spec is gone is undone and prepared again, never answered as prepared.
 Device changes are serialised by an in-process lock and a node-wide file lock (`<plugin dir>/pu.lock`, 0600), so
-two plugin processes (a rolling update) exclude each other. A prepare or unprepare waits for them only until the
-kubelet's deadline; start-up reads the checkpoint and recovers under them too, and when another process holds them
-too long it serves anyway and leaves that to the first to get them (a background retry, or a prepare or unprepare).
-Only what reads or changes the node's device state (checkpoint, MIG, sharing, CDI files) runs under it: API reads,
-CEL selector re-checks, config resolution and a GPU's device nodes (`_check`: the claim, its classes, the catalog
-and /proc/devices) run before it, in parallel with other prepares. The checkpoint records a claim when the driver
-puts it, after each of its steps (`Checkpoint.put`).
+two plugin processes (a rolling update) exclude each other. Every wait of a call ends at its deadline (its
+CallContext): the API reads, the locks, each prepare step (checked before it starts), sharing's commands and MPS
+daemon; a teardown does not stop between its steps (each is quick, and what is done is recorded), its waits do.
+Start-up reads the checkpoint and recovers under the locks too; when another process holds them too long it serves
+anyway and leaves that to the first to get them (a background retry, or a prepare or unprepare).
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,10 +34,11 @@ from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap
 from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
 from dra_driver.cdi.spec import ContainerEdits, cdi_device_id, claim_spec
 from dra_driver.cdi.store import CdiStore
-from dra_driver.claimstate import crashpoints
+from dra_driver.claimstate import steps
 from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
-from dra_driver.claimstate.deadline import DEADLINE_MARGIN_S, time_left
+from dra_driver.claimstate.context import NO_DEADLINE, CallContext, DeadlineExceeded
+from dra_driver.claimstate.steps import ClaimRecord, Step
 from dra_driver.kube.rest import ApiError
 from dra_driver.nvml.api import NvmlLibrary
 from dra_driver.nvml.discovery import discover
@@ -94,6 +94,7 @@ class LockTimeout(PrepareError):
 
 # What the errors of the steps of a prepare or unprepare stand for (PrepareError names its own kind)
 _ERROR_KINDS: tuple[tuple[type[Exception], FailureKind], ...] = (
+    (DeadlineExceeded, FailureKind.DEADLINE),
     (ConfigError, FailureKind.INVALID_CONFIG),
     (DevNodeError, FailureKind.CDI),
     (MigError, FailureKind.MIG),
@@ -122,10 +123,12 @@ def _read_failure(message: str, e: Exception) -> ClaimFailure:
     return ClaimFailure.of(FailureKind.NOT_FOUND if gone else FailureKind.API_UNAVAILABLE, message)
 
 
-def _failed(verb: str, ref: ClaimRef, failure: ClaimFailure, error: Exception | None = None) -> ClaimFailure:
+def _failed(
+    call: CallContext, verb: str, ref: ClaimRef, failure: ClaimFailure, error: Exception | None = None
+) -> ClaimFailure:
     """Log a claim's failure with its kind (the traceback of an unexpected one); returns it."""
     unexpected = failure.kind in _UNEXPECTED
-    log.log(
+    call.log.log(
         logging.ERROR if unexpected else logging.WARNING,
         "%s %s/%s (%s) failed %s: %s",
         verb,
@@ -145,9 +148,9 @@ STARTUP_LOCK_WAIT_S = 10.0
 _RECOVERY_RETRY_S = 1.0
 
 
-def _flock(fd: int, deadline: float | None) -> None:
-    """Exclusive flock, polled so that the wait ends at `deadline` (another process may hold it for long)."""
-    if deadline is None:
+def _flock(fd: int, call: CallContext) -> None:
+    """Exclusive flock, polled so that the wait ends at the call's deadline (another process may hold it long)."""
+    if call.deadline is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
     while True:
@@ -155,16 +158,11 @@ def _flock(fd: int, deadline: float | None) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if time_left(deadline) <= 0:
+            if call.expired():
                 raise LockTimeout(
                     "deadline exceeded waiting for the node's device lock (held by another plugin process)"
                 ) from None
             time.sleep(0.01)
-
-
-def _late(deadline: float | None) -> bool:
-    """Whether the wait for the locks used up the time: an answer after the work would come too late."""
-    return deadline is not None and time_left(deadline) <= 0
 
 
 def _late_failure(ref: ClaimRef, done: str) -> ClaimFailure:
@@ -241,7 +239,7 @@ class Driver:
         self._recovered = False
         self._closed = threading.Event()
         try:
-            with self._locked(time.monotonic() + DEADLINE_MARGIN_S + startup_lock_wait_s):
+            with self._locked(CallContext.within(startup_lock_wait_s)):
                 pass
         except LockTimeout:
             log.warning(
@@ -264,7 +262,7 @@ class Driver:
     def _recover_when_free(self) -> None:
         while not self._closed.is_set():
             try:
-                with self._locked(time.monotonic() + DEADLINE_MARGIN_S + _RECOVERY_RETRY_S):
+                with self._locked(CallContext.within(_RECOVERY_RETRY_S)):
                     log.info("start-up recovery done: the node's device lock was free again")
                 return
             except LockTimeout:
@@ -288,13 +286,13 @@ class Driver:
                 self.driver_edits = edits
         return changed
 
-    def reconfigure(self, mode: PublishMode, *, shared_changes: bool, deadline: float | None = None) -> list[str]:
+    def reconfigure(self, mode: PublishMode, *, shared_changes: bool, call: CallContext = NO_DEADLINE) -> list[str]:
         """Serve `mode` from now on, unless a prepared claim holds a device that `mode` would not publish the same
         way: gone, held alone where it was shared or the other way round, a MIG partition the driver carved, or
         (`shared_changes`) any shared device, whose sharing terms change. Returns those claims, as
         `namespace/name: device`; nothing changed then."""
         catalog = build_catalog(self.inventory, mode)
-        with self._locked(deadline):
+        with self._locked(call):
             blockers = []
             for entry in self.checkpoint.claims.values():
                 for d in entry.devices:
@@ -327,20 +325,21 @@ class Driver:
         return [e for e in self.checkpoint.claims.values() if e.uid != uid]
 
     @contextmanager
-    def _locked(self, deadline: float | None = None) -> Iterator[None]:
-        """Both device locks; with a `deadline` (time.monotonic()), LockTimeout instead of waiting past it."""
+    def _locked(self, call: CallContext = NO_DEADLINE) -> Iterator[None]:
+        """Both device locks; LockTimeout instead of waiting past the call's deadline. Start-up recovery runs in the
+        first call that gets them."""
         # 0600: anyone who can open the lock file can take it and stall every prepare on the node.
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            if not self._thread_lock.acquire(timeout=-1 if deadline is None else max(0.0, time_left(deadline))):
+            if not self._thread_lock.acquire(timeout=-1 if call.deadline is None else call.timeout(math.inf)):
                 raise LockTimeout("deadline exceeded waiting for another prepare or unprepare on this node")
             try:
-                _flock(fd, deadline)
+                _flock(fd, call)
                 try:
                     # Another process (the other pod of a rolling update) may have changed the checkpoint.
                     self.checkpoint.refresh()
                     if not self._recovered:
-                        self._recover()
+                        self._recover(call)
                         self._recovered = True
                     yield
                 finally:
@@ -351,46 +350,46 @@ class Driver:
             os.close(fd)  # after the locks: one system call less while other prepares wait for them
 
     # ----- prepare ----------------------------------------------------------------------------------------
-    def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
-        """`deadline`: when the caller (the kubelet) gives up, a time.monotonic() value; a claim that cannot be
-        read or prepared before then gets an error instead (the kubelet retries it)."""
+    def prepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, PrepareResult]:
+        """A claim that cannot be read or prepared before the call's deadline gets an error instead (the kubelet
+        retries it)."""
         self.calls += 1
         fetched: dict[str, ResourceClaim | ClaimFailure] = {}
         classes: dict[str, DeviceClass | ClaimFailure] = {}
         for ref in claims:  # API reads outside the device lock
-            fetched[ref.uid] = self._fetch(ref, classes, deadline)
-        return {ref.uid: self._prepare_one(ref, fetched[ref.uid], classes, deadline) for ref in claims}
+            fetched[ref.uid] = self._fetch(ref, classes, call)
+        return {ref.uid: self._prepare_one(ref, fetched[ref.uid], classes, call) for ref in claims}
 
     def _prepare_one(
         self,
         ref: ClaimRef,
         got: ResourceClaim | ClaimFailure,
         classes: dict[str, DeviceClass | ClaimFailure],
-        deadline: float | None,
+        call: CallContext,
     ) -> PrepareResult:
         if isinstance(got, ClaimFailure):
-            return PrepareResult(failure=_failed("prepare", ref, got))
+            return PrepareResult(failure=_failed(call, "prepare", ref, got))
         try:
             checked: list[_Checked] | ClaimFailure
             try:  # CEL, configs and device nodes outside the lock: other prepares go on meanwhile
                 checked = self._check(got, classes)
             except (PrepareError, ConfigError, DevNodeError) as e:  # answered under the lock, unless the claim is
                 checked = _failure(e)  # prepared already
-            with self._locked(deadline):
-                if _late(deadline):
-                    return PrepareResult(failure=_failed("prepare", ref, _late_failure(ref, "prepared")))
-                devices = self._prepare_claim(ref, checked, deadline)
+            with self._locked(call):
+                if call.expired():  # the wait used up the time: an answer after the work would come too late
+                    return PrepareResult(failure=_failed(call, "prepare", ref, _late_failure(ref, "prepared")))
+                devices = self._prepare_claim(ref, checked, call)
         except Exception as e:  # whatever it is (an NVML error of a lost GPU, a bug): this claim's failure only
-            return PrepareResult(failure=_failed("prepare", ref, _failure(e), e))
+            return PrepareResult(failure=_failed(call, "prepare", ref, _failure(e), e))
         if isinstance(devices, ClaimFailure):
-            return PrepareResult(failure=_failed("prepare", ref, devices))
+            return PrepareResult(failure=_failed(call, "prepare", ref, devices))
         return PrepareResult(devices=devices)
 
     def _fetch(
-        self, ref: ClaimRef, classes: dict[str, DeviceClass | ClaimFailure], deadline: float | None = None
+        self, ref: ClaimRef, classes: dict[str, DeviceClass | ClaimFailure], call: CallContext
     ) -> ResourceClaim | ClaimFailure:
         what = f"claim {ref.namespace}/{ref.name}"
-        timeout = read_timeout(deadline)
+        timeout = read_timeout(call.deadline)
         if timeout <= 0:
             return ClaimFailure.of(
                 FailureKind.DEADLINE, f"deadline exceeded before {what} could be read from the API server"
@@ -413,7 +412,7 @@ class Driver:
             except KeyError as e:
                 return ClaimFailure.of(FailureKind.CLAIM_CHANGED, str(e.args[0]))
             if class_name not in classes:
-                timeout = read_timeout(deadline)
+                timeout = read_timeout(call.deadline)
                 if timeout <= 0:
                     return ClaimFailure.of(
                         FailureKind.DEADLINE,
@@ -426,19 +425,20 @@ class Driver:
         return claim
 
     def _prepare_claim(
-        self, ref: ClaimRef, checked: list[_Checked] | ClaimFailure, deadline: float | None = None
+        self, ref: ClaimRef, checked: list[_Checked] | ClaimFailure, call: CallContext
     ) -> list[PreparedDevice] | ClaimFailure:
         existing = self.checkpoint.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
             lost = self._lost(existing)
             if lost is None:
                 return self._answer(existing)  # idempotent: same answer, no work
-            log.warning("claim %s was prepared, but %s: preparing it again", ref.uid, lost)
+            call.log.warning("claim %s was prepared, but %s: preparing it again", ref.uid, lost)
         if existing is not None:
-            log.info("claim %s is not (or no longer) fully prepared; undoing what is left first", ref.uid)
-            self._teardown(existing)
+            call.log.info("claim %s is not (or no longer) fully prepared; undoing what is left first", ref.uid)
+            self._teardown(ClaimRecord(self.checkpoint, existing), call)
         if isinstance(checked, ClaimFailure):  # e.g. its class changed since: only a prepared claim is answered
             return checked
+        self._finish_interrupted(call)
         planned = self._plan(checked)  # raises before anything changes
         if not planned:  # allocated only to other drivers: nothing to record, no (empty, invalid) CDI spec
             return []
@@ -447,7 +447,7 @@ class Driver:
             namespace=ref.namespace,
             name=ref.name,
             state=ClaimState.PREPARE_STARTED,
-            devices=[
+            devices=tuple(
                 CheckpointedDevice(
                     requests=[p.request.split("/", 1)[0]],
                     pool=self.settings.pool,
@@ -457,58 +457,20 @@ class Driver:
                     share_id=p.share_id,
                 )
                 for p in planned
-            ],
+            ),
         )
-        if not all(p.entry.profile is None and (p.config is None or p.config.sharing is None) for p in planned):
-            # MIG devices to carve or sharing to set up: recorded before the node changes. A claim of whole GPUs
-            # without sharing changes nothing but its CDI spec, which PrepareCompleted records once it is written
-            # (a crash before leaves a spec no claim owns, which start-up removes): one checkpoint write, not two.
-            self.checkpoint.put(entry)
-            crashpoints.reached("prepare.started-recorded")
+        run = _Prepare(ClaimRecord(self.checkpoint, entry), planned, call)
         try:
-            nodes: dict[str, list[CharDevice]] = {}
-            uuids: list[str] = []
-            for p, record in zip(planned, entry.devices, strict=True):
-                gpu = p.entry.gpu
-                if p.entry.profile is None:
-                    self._ensure_whole_gpu(p.entry)
-                    nodes[record.device] = p.nodes
-                    uuids.append(gpu.uuid)
-                    continue
-                admins = self._existing_mig(p.entry)
-                if admins is not None:  # an admin's MIG device (static, shared): used as it is, never destroyed
-                    cap_nodes = mig_cap_nodes(
-                        self.proc_root, gpu.minor, admins.gpu_instance_id, admins.compute_instance_id
-                    )
-                    nodes[record.device] = p.nodes + cap_nodes
-                    uuids.append(admins.uuid)
-                    continue
-                live = self._mig_for(p, ref.uid)
-                crashpoints.reached("prepare.mig-created")
-                record.mig = live
-                self.checkpoint.put(entry)  # the instance exists: record it before anything else can fail
-                crashpoints.reached("prepare.mig-recorded")
-                nodes[record.device] = p.nodes + mig_cap_nodes(self.proc_root, gpu.minor, live.gi_id, live.ci_id)
-                uuids.append(live.uuid)
-            targets = [
-                Target(record, p.config, uuid, p.entry.profile is not None)
-                for p, record, uuid in zip(planned, entry.devices, uuids, strict=True)
-            ]
-            # recorded in the checkpoint; the other claims' records say who else holds a shared GPU's settings
-            edits = self.sharing.apply(
-                ref.uid, targets, lambda: self.checkpoint.put(entry), self._others(ref.uid), deadline=deadline
-            )
-            spec = claim_spec(self.settings.driver, ref.uid, nodes, uuids, common=self.driver_edits)
-            self.cdi.write(ref.uid, with_edits(spec, edits))
-            crashpoints.reached("prepare.cdi-written")
-            entry.state = ClaimState.PREPARE_COMPLETED
-            self.checkpoint.put(entry)
-            crashpoints.reached("prepare.completed-recorded")
+            for step in steps.PREPARE:
+                call.check(f"step {step.name} of claim {ref.namespace}/{ref.name}")
+                _PREPARE[step](self, run)
         except Exception as failure:
+            if run.claim.entry.uid not in self.checkpoint.claims:  # failed before the first record: nothing to undo
+                raise
             try:
-                self._teardown(entry)
+                self._teardown(run.claim, call)
             except Exception as undo:
-                log.error("claim %s: undoing the failed prepare failed too: %s", ref.uid, undo)
+                call.log.error("claim %s: undoing the failed prepare failed too: %s", ref.uid, undo)
                 first = _failure(failure)  # what failed the prepare names the kind, not the undo
                 raise PrepareError(
                     first.kind,
@@ -517,7 +479,59 @@ class Driver:
                     retryable=first.retryable,
                 ) from failure
             raise
-        return self._answer(entry)
+        return self._answer(run.claim.entry)
+
+    def _finish_interrupted(self, call: CallContext) -> None:
+        """Undo the claims whose prepare or teardown stopped halfway (a full disk failed their undo too), so that
+        their devices are free again: under the device locks no other call is working on them."""
+        for entry in list(self.checkpoint.claims.values()):
+            if entry.state is ClaimState.PREPARE_COMPLETED:
+                continue
+            try:
+                self._teardown(ClaimRecord(self.checkpoint, entry), call)
+            except Exception as e:  # still in the way: the claims that need its devices are refused as before
+                call.log.error("claim %s: undoing what its interrupted %s left failed again: %s", entry.uid,
+                               entry.state, e)  # fmt: skip
+
+    def _record_started(self, run: _Prepare) -> None:
+        run.claim.record(steps.STARTED, "recorded", run.claim.entry)
+
+    def _carve_mig(self, run: _Prepare) -> None:
+        """Each device's nodes and UUID; a MIG partition carved where the mode carves, recorded once it exists."""
+        for index, p in enumerate(run.planned):
+            gpu = p.entry.gpu
+            if p.entry.profile is None:
+                self._ensure_whole_gpu(p.entry)
+                run.nodes[p.entry.name] = p.nodes
+                run.uuids.append(gpu.uuid)
+                continue
+            admins = self._existing_mig(p.entry)
+            if admins is not None:  # an admin's MIG device (static, shared): used as it is, never destroyed
+                cap_nodes = mig_cap_nodes(self.proc_root, gpu.minor, admins.gpu_instance_id, admins.compute_instance_id)
+                run.nodes[p.entry.name] = p.nodes + cap_nodes
+                run.uuids.append(admins.uuid)
+                continue
+            run.call.check(f"carving MIG device {p.entry.name}")
+            live = self._mig_for(p, run.claim.entry.uid)
+            steps.CARVE_MIG.at("done")
+            run.claim.record(steps.CARVE_MIG, "recorded", run.claim.entry.with_device(index, mig=live))
+            run.nodes[p.entry.name] = p.nodes + mig_cap_nodes(self.proc_root, gpu.minor, live.gi_id, live.ci_id)
+            run.uuids.append(live.uuid)
+
+    def _apply_sharing(self, run: _Prepare) -> None:
+        targets = [
+            Target(index, p.entry.name, p.admin_access, p.config, uuid, p.entry.profile is not None)
+            for index, (p, uuid) in enumerate(zip(run.planned, run.uuids, strict=True))
+        ]
+        # the other claims' records say who else holds a shared GPU's settings
+        run.edits = self.sharing.apply(run.claim, targets, self._others(run.claim.entry.uid), run.call)
+
+    def _write_cdi(self, run: _Prepare) -> None:
+        uid = run.claim.entry.uid
+        spec = claim_spec(self.settings.driver, uid, run.nodes, run.uuids, common=self.driver_edits)
+        self.cdi.write(uid, with_edits(spec, run.edits))
+        steps.WRITE_CDI.at("done")
+        run.claim.record_state(steps.WRITE_CDI, ClaimState.PREPARE_COMPLETED)
 
     def _check(
         self, claim: ResourceClaim, classes: dict[str, DeviceClass | ClaimFailure]
@@ -665,41 +679,46 @@ class Driver:
         ]
 
     # ----- unprepare and recovery -------------------------------------------------------------------------
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
-        """`deadline` as for `prepare`: a claim whose turn at the node's device lock comes too late gets a failure,
-        with nothing changed (the kubelet retries)."""
+    def unprepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, ClaimFailure | None]:
+        """A claim whose turn at the node's device lock comes after the call's deadline gets a failure, with nothing
+        changed (the kubelet retries)."""
         self.calls += 1
-        return {ref.uid: self._unprepare_one(ref, deadline) for ref in claims}
+        return {ref.uid: self._unprepare_one(ref, call) for ref in claims}
 
-    def _unprepare_one(self, ref: ClaimRef, deadline: float | None) -> ClaimFailure | None:
+    def _unprepare_one(self, ref: ClaimRef, call: CallContext) -> ClaimFailure | None:
         what = f"unprepare {ref.namespace}/{ref.name}"
         try:
-            with self._locked(deadline):
-                if _late(deadline):
-                    return _failed("unprepare", ref, _late_failure(ref, "unprepared"))
+            with self._locked(call):
+                if call.expired():
+                    return _failed(call, "unprepare", ref, _late_failure(ref, "unprepared"))
                 entry = self.checkpoint.claims.get(ref.uid)
                 if entry is not None:  # unknown claim: nothing to do, success
-                    self._teardown(entry)
+                    self._teardown(ClaimRecord(self.checkpoint, entry), call)
             return None
         except LockTimeout as e:
-            return _failed("unprepare", ref, replace(e.failure, message=f"{what}: {e}; nothing was changed"))
+            return _failed(call, "unprepare", ref, replace(e.failure, message=f"{what}: {e}; nothing was changed"))
         except Exception as e:  # one claim's failure, whatever it is, stays that claim's
             failure = replace(_failure(e), message=f"{what}: {type(e).__name__}: {e}")
-            return _failed("unprepare", ref, failure, e)
+            return _failed(call, "unprepare", ref, failure, e)
 
-    def _teardown(self, entry: ClaimEntry) -> None:
-        """Undo a claim, whatever step it reached, recording each step: UnprepareStarted, then sharing (MPS
-        daemon, time slices), MIG devices (only if each is still the device recorded: ids are reused), `released`,
-        MIG mode, CDI spec, and last the checkpoint entry. Safe to repeat after a failure or a crash at any step."""
-        if entry.state is not ClaimState.UNPREPARE_STARTED:
-            entry.state = ClaimState.UNPREPARE_STARTED  # from here on it is never answered as prepared
-            if not self._only_a_cdi_spec(entry):
-                self.checkpoint.put(entry)
-                crashpoints.reached("unprepare.started-recorded")
-            # else: the spec is removed, then the entry dropped; a crash between leaves a PrepareCompleted claim
-            # whose spec is gone, which start-up undoes (and the kubelet repeats the unprepare anyway)
-        self.sharing.undo(entry.uid, entry.devices, self._others(entry.uid))
-        crashpoints.reached("unprepare.sharing-undone")
+    def _teardown(self, claim: ClaimRecord, call: CallContext) -> None:
+        """Undo a claim, whatever step it reached: the teardown steps in order, each recorded. Safe to repeat after
+        a failure or a crash at any step."""
+        run = _Teardown(claim, call)
+        for step in steps.TEARDOWN:
+            _TEARDOWN[step](self, run)
+
+    def _record_unprepare_started(self, run: _Teardown) -> None:
+        if run.claim.entry.state is not ClaimState.UNPREPARE_STARTED:  # from here on never answered as prepared
+            run.claim.record_state(steps.UNPREPARE_STARTED, ClaimState.UNPREPARE_STARTED)
+
+    def _undo_sharing(self, run: _Teardown) -> None:
+        self.sharing.undo(run.claim, self._others(run.claim.entry.uid), run.call)
+
+    def _destroy_mig(self, run: _Teardown) -> None:
+        """Destroy the MIG devices the claim carved (skipped, with its record, for a claim holding none); `released`
+        is recorded for the devices done, also when one fails."""
+        entry = run.claim.entry
         others = {
             d.mig.uuid
             for e in self.checkpoint.claims.values()
@@ -707,53 +726,44 @@ class Driver:
             for d in e.devices
             if d.mig is not None and not d.released
         }
-        gpus: set[str] = set()
-        mig_released = False
+        released: list[int] = []
         try:
-            for d in entry.devices:
+            for index, d in enumerate(entry.devices):
                 cat = self.catalog.get(d.device)
                 # a partition this mode carves; an admin's MIG device (every other mode) is never destroyed
                 carves = cat is not None and cat.profile is not None and not self._existing_mig_mode()
                 if d.mig is not None:
-                    gpus.add(d.mig.parent_uuid)
+                    run.gpus.add(d.mig.parent_uuid)
                 elif carves and cat is not None:
-                    gpus.add(cat.gpu.uuid)
-                if d.released or d.admin_access:  # admin access never destroys the partition it shares
-                    d.released = True
+                    run.gpus.add(cat.gpu.uuid)
+                if d.released or (d.mig is None and not carves):
                     continue
-                if d.mig is not None or carves:
-                    mig_released = True
-                destroyed = False  # a whole GPU, or a MIG device already gone
-                if d.mig is not None:
-                    destroyed = destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
-                elif carves and cat is not None and cat.profile is not None and cat.placement_start is not None:
-                    # crashed before its ids were recorded: find it by profile and placement
-                    destroyed = destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start, others)
-                if destroyed:
-                    crashpoints.reached("unprepare.mig-destroyed")
-                d.released = True
+                if not d.admin_access:  # admin access never destroys the partition it shares
+                    destroyed = False  # a MIG device already gone
+                    if d.mig is not None:
+                        destroyed = destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
+                    elif cat is not None and cat.profile is not None and cat.placement_start is not None:
+                        # crashed before its ids were recorded: find it by profile and placement
+                        destroyed = destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start, others)
+                    if destroyed:
+                        steps.DESTROY_MIG.at("done")
+                released.append(index)
         finally:
-            # Only a MIG device's release needs recording (its ids are reused once it is gone); a whole GPU holds
-            # nothing on the node once sharing is undone, and a crash before the entry is dropped repeats this.
-            if mig_released:
-                self.checkpoint.put(entry)
-        crashpoints.reached("unprepare.released-recorded")
-        for uuid in sorted(gpus):
-            self._restore_mig_mode(uuid)
-        if gpus:
-            crashpoints.reached("unprepare.mig-mode-restored")
-        self.cdi.remove(entry.uid)
-        crashpoints.reached("unprepare.cdi-removed")
-        self.checkpoint.drop(entry.uid)
-        crashpoints.reached("unprepare.dropped")
+            if released:
+                for index in released:
+                    entry = entry.with_device(index, released=True)
+                run.claim.record(steps.DESTROY_MIG, "recorded", entry)
 
-    def _only_a_cdi_spec(self, entry: ClaimEntry) -> bool:
-        """Whether all the claim holds on the node is its CDI spec: whole GPUs, no sharing applied."""
-        for d in entry.devices:
-            cat = self.catalog.get(d.device)
-            if d.mig is not None or d.sharing is not None or cat is None or cat.profile is not None:
-                return False
-        return True
+    def _restore_mig_mode_of(self, run: _Teardown) -> None:
+        for uuid in sorted(run.gpus):
+            self._restore_mig_mode(uuid)
+        if run.gpus:
+            steps.RESTORE_MIG_MODE.at("done")
+
+    def _remove_cdi(self, run: _Teardown) -> None:
+        self.cdi.remove(run.claim.entry.uid)
+        steps.REMOVE_CDI.at("done")
+        run.claim.drop(steps.REMOVE_CDI)
 
     def _destroy_orphans(self, gpu_uuid: str, minor: int, profile_ids: list[int], recorded: list[LiveMig]) -> None:
         handle = self.lib.nvmlDeviceGetHandleByUUID(gpu_uuid)
@@ -764,7 +774,7 @@ class Driver:
                 continue
             log.warning("destroying MIG GPU instance %d on GPU %d: no prepared claim owns it", view.gi_id, minor)
             destroy_gpu_instance(self.lib, handle, view.gi_id, f"GPU instance {view.gi_id}")
-            crashpoints.reached("recover.orphan-mig-destroyed")
+            steps.DESTROY_ORPHAN_MIG.at("done")
         # In this mode the driver turns MIG on when it carves: off again where no claim holds a partition, as an
         # unprepare would (also after a crash between destroying the last instance and switching MIG off).
         if not any(m.parent_uuid == gpu_uuid for m in recorded):
@@ -776,11 +786,16 @@ class Driver:
         if gpu is not None and gpu.mig_profiles:
             disable_mig_if_unused(self.lib, gpu_uuid, [p.id for p in gpu.mig_profiles])
 
-    def _recover(self) -> None:
-        """At start: finish undoing claims that were being prepared or unprepared, and prepared claims that lost
-        a device; destroy MIG devices no claim owns (MIG off again where none is left); remove CDI specs no
-        prepared claim owns and temp files of interrupted writes."""
-        crashpoints.reached("recover.started")
+    def _recover(self, call: CallContext) -> None:
+        """At start (in the first call to get the device locks): the recovery steps in order."""
+        for step in steps.RECOVERY:
+            _RECOVERY[step](self, call)
+
+    def _recovery_started(self, call: CallContext) -> None:
+        steps.RECOVERY_STARTED.at("done")
+
+    def _undo_interrupted(self, call: CallContext) -> None:
+        """Finish undoing claims that were being prepared or unprepared, and prepared claims that lost a device."""
         for entry in list(self.checkpoint.claims.values()):
             if entry.state is ClaimState.PREPARE_COMPLETED:
                 try:
@@ -796,27 +811,82 @@ class Driver:
                 log.warning("undoing claim %s/%s (%s), interrupted in %s", entry.namespace, entry.name, entry.uid,
                             entry.state)  # fmt: skip
             try:
-                self._teardown(entry)
+                self._teardown(ClaimRecord(self.checkpoint, entry), call)
             except Exception as e:  # retried by the claim's next prepare or unprepare
                 log.error("undoing claim %s failed: %s", entry.uid, e)
                 continue
-            crashpoints.reached("recover.claim-torn-down")
+            steps.UNDO_INTERRUPTED.at("done")
+
+    def _remove_orphan_mps(self, call: CallContext) -> None:
         self.sharing.remove_orphans(set(self.checkpoint.claims))
+
+    def _destroy_orphan_mig(self, call: CallContext) -> None:
+        """MIG devices no claim owns (the carving mode only); MIG off again where none is left."""
+        if self.settings.mode is not PublishMode.PARTITIONABLE:
+            return
         recorded = [
             d.mig for e in self.checkpoint.claims.values() for d in e.devices if d.mig is not None and not d.released
         ]
         for gpu in self.inventory.gpus:
-            if gpu.mig_profiles and self.settings.mode is PublishMode.PARTITIONABLE:
+            if gpu.mig_profiles:
                 try:
                     self._destroy_orphans(gpu.uuid, gpu.minor, [p.id for p in gpu.mig_profiles], recorded)
                 except Exception as e:  # one broken GPU must not keep the plugin from starting
                     log.error("looking for orphan MIG devices on GPU %d failed: %s", gpu.minor, e)
+
+    def _remove_orphan_cdi(self, call: CallContext) -> None:
+        """CDI specs no prepared claim owns, and temp files of interrupted writes."""
         completed = {e.uid for e in self.checkpoint.claims.values() if e.state is ClaimState.PREPARE_COMPLETED}
         pending = set(self.checkpoint.claims) - completed  # their teardown failed: it removes their spec later
         for uid in self.cdi.claim_uids() - completed - pending:
             log.warning("removing CDI spec of claim %s: no prepared claim owns it", uid)
             self.cdi.remove(uid)
-            crashpoints.reached("recover.orphan-cdi-removed")
+            steps.REMOVE_ORPHAN_CDI.at("done")
         for tmp in self.cdi.stale_temp_files():
             log.warning("removing %s, left by an interrupted write", tmp)
             tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class _Prepare:
+    """One claim's prepare in progress: what its steps hand on to the next."""
+
+    claim: ClaimRecord
+    planned: list[_Checked]
+    call: CallContext
+    nodes: dict[str, list[CharDevice]] = field(default_factory=dict)  # device name -> its device nodes
+    uuids: list[str] = field(default_factory=list)  # the planned devices' GPU or MIG UUIDs, in order
+    edits: ContainerEdits | None = None  # sharing's, for the CDI spec
+
+
+@dataclass
+class _Teardown:
+    claim: ClaimRecord
+    call: CallContext
+    gpus: set[str] = field(default_factory=set)  # GPUs whose MIG mode may go back off
+
+
+# The handler of every step of the tables (claimstate.steps), in the tables' order.
+_PREPARE: dict[Step, Callable[[Driver, _Prepare], None]] = {
+    steps.STARTED: Driver._record_started,
+    steps.CARVE_MIG: Driver._carve_mig,
+    steps.APPLY_SHARING: Driver._apply_sharing,
+    steps.WRITE_CDI: Driver._write_cdi,
+}
+_TEARDOWN: dict[Step, Callable[[Driver, _Teardown], None]] = {
+    steps.UNPREPARE_STARTED: Driver._record_unprepare_started,
+    steps.UNDO_SHARING: Driver._undo_sharing,
+    steps.DESTROY_MIG: Driver._destroy_mig,
+    steps.RESTORE_MIG_MODE: Driver._restore_mig_mode_of,
+    steps.REMOVE_CDI: Driver._remove_cdi,
+}
+_RECOVERY: dict[Step, Callable[[Driver, CallContext], None]] = {
+    steps.RECOVERY_STARTED: Driver._recovery_started,
+    steps.UNDO_INTERRUPTED: Driver._undo_interrupted,
+    steps.REMOVE_ORPHAN_MPS: Driver._remove_orphan_mps,
+    steps.DESTROY_ORPHAN_MIG: Driver._destroy_orphan_mig,
+    steps.REMOVE_ORPHAN_CDI: Driver._remove_orphan_cdi,
+}
+for _table, _handlers in ((steps.PREPARE, _PREPARE), (steps.TEARDOWN, _TEARDOWN), (steps.RECOVERY, _RECOVERY)):
+    if tuple(_handlers) != _table:
+        raise AssertionError(f"the driver's handlers {list(_handlers)} do not follow the step table {_table}")

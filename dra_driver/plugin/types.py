@@ -6,6 +6,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from dra_driver.claimstate.context import NO_DEADLINE, CallContext
 from dra_driver.plugin.failures import ClaimFailure
 
 
@@ -45,12 +46,11 @@ class ClaimPreparer(Protocol):
     Both calls are idempotent and must return an entry for every claim they were given.
     """
 
-    def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
-        """`deadline`: when the caller gives up, a time.monotonic() value (None: no deadline); a claim that cannot
-        be prepared by then should get an error."""
+    def prepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, PrepareResult]:
+        """`call`: the request's context; a claim that cannot be prepared by its deadline should get an error."""
         ...
 
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
-        """claim UID -> its failure (None on success). `deadline` as for `prepare`: a claim that cannot be
-        unprepared by then should get a failure, with nothing changed for it."""
+    def unprepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, ClaimFailure | None]:
+        """claim UID -> its failure (None on success). A claim that cannot be unprepared by the call's deadline
+        should get a failure, with nothing changed for it."""
         ...

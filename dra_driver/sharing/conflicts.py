@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dra_driver.claimstate.checkpoint import ClaimEntry
+from dra_driver.claimstate.checkpoint import ClaimEntry, TimeSlicingRecord
 from dra_driver.sharing.nvsmi import SharingError
 
 TIME_SLICE = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}  # nvidia-smi compute-policy --set-timeslice
@@ -63,17 +63,16 @@ def holdings(others: Iterable[ClaimEntry]) -> list[Holding]:
         for d in entry.devices:
             if d.admin_access or d.released:
                 continue
-            s = d.sharing or {}
-            gpu = s.get("gpuUuid") if isinstance(s.get("gpuUuid"), str) else None
-            interval = s.get("interval")
+            s = d.sharing
+            gpu = s.gpu_uuid if s is not None else None  # a MIG device's sharing leaves its GPU to others
             out.append(
                 Holding(
                     claim=f"{entry.namespace}/{entry.name}",
                     device=d.device,
                     gpu_uuid=gpu,
-                    strategy=str(s["strategy"]) if gpu and "strategy" in s else None,
-                    interval=int(interval) if gpu and isinstance(interval, int) else None,
-                    compute_mode=str(s["computeMode"]) if gpu and s.get("computeMode") else None,
+                    strategy=s.strategy if s is not None and gpu else None,
+                    interval=s.interval if isinstance(s, TimeSlicingRecord) else None,
+                    compute_mode=s.compute_mode if s is not None and gpu else None,
                 )
             )
     return out

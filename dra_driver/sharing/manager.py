@@ -18,8 +18,9 @@ the intent; a claim joining a GPU that another claim set up records the mode tha
 whole GPU never overwrite or undo each other's settings (conflicts.py): the caller passes the checkpoint's other
 claims. Devices prepared with admin access share a device another claim prepared: their sharing config is ignored.
 
-Records: {"strategy": "TimeSlicing", "gpuUuid", "interval", "computeMode", "applied"} and {"strategy": "MPS",
-"dir", "uuid", "applied"}, with "gpuUuid" and "computeMode" for a whole GPU.
+The records are the checkpoint's typed TimeSlicingRecord and MpsRecord, written through the claim's ClaimRecord
+as the step table says (claimstate.steps: APPLY_SHARING, UNDO_SHARING). Every command and daemon wait ends at the
+call's deadline (CallContext).
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dra_driver.cdi.spec import CdiSpec, ContainerEdits
-from dra_driver.claimstate import crashpoints
-from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry
+from dra_driver.claimstate.checkpoint import ClaimEntry, MpsRecord, SharingRecord, TimeSlicingRecord
 from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, MpsConfig, pinned_limit_mib
+from dra_driver.claimstate.context import NO_DEADLINE, CallContext
+from dra_driver.claimstate.steps import APPLY_SHARING, UNDO_SHARING, ClaimRecord
 from dra_driver.sharing import conflicts, tmpfs
 from dra_driver.sharing.conflicts import TIME_SLICE, Wanted
 from dra_driver.sharing.mps_control_daemon import MpsSettings
@@ -53,9 +54,12 @@ MPS_STOP_TIMEOUT_S = 40.0  # an unprepare's wait for a daemon to go (the kubelet
 
 @dataclass(frozen=True)
 class Target:
-    """One prepared device: its checkpoint record (gets the `sharing` record), config, and GPU or MIG UUID."""
+    """One prepared device: its index in the claim's entry (whose `sharing` record it gets), name, admin access,
+    config, and GPU or MIG UUID."""
 
-    record: CheckpointedDevice
+    index: int
+    device: str
+    admin_access: bool
     config: Config | None
     uuid: str
     is_mig: bool
@@ -124,58 +128,57 @@ class SharingManager:
 
     # ----- apply ----------------------------------------------------------------------------------------------
     def apply(
-        self,
-        claim_uid: str,
-        targets: list[Target],
-        save: Callable[[], None],
-        others: Iterable[ClaimEntry] = (),
-        *,
-        deadline: float | None = None,
+        self, claim: ClaimRecord, targets: list[Target], others: Iterable[ClaimEntry], call: CallContext = NO_DEADLINE
     ) -> ContainerEdits | None:
-        """Apply the claim's sharing; returns the container edits the claim's CDI spec needs (None: none).
-        `save` writes the checkpoint: called once with the intents recorded, once with them marked applied.
-        `others`: the checkpoint's other claims (SharingConflict, before any change, when they are in the way).
-        `deadline` (time.monotonic()): by when an MPS daemon must be up (the kubelet's deadline)."""
+        """Apply the claim's sharing, recording it in `claim` (APPLY_SHARING); returns the container edits the
+        claim's CDI spec needs (None: none). `others`: the checkpoint's other claims (SharingConflict, before any
+        change, when they are in the way)."""
         held = list(others)
-        live = [t for t in targets if not t.record.admin_access]
+        live = [t for t in targets if not t.admin_access]
         slices = [t for t in live if _strategy(t.config) == "TimeSlicing" and not t.is_mig]
         mps = [t for t in live if _strategy(t.config) == "MPS"]
         whole = [t for t in live if not t.is_mig]
-        conflicts.check(
-            [Wanted(t.record.device, t.uuid, _strategy(t.config), _interval(t.config)) for t in whole], held
-        )
+        conflicts.check([Wanted(t.device, t.uuid, _strategy(t.config), _interval(t.config)) for t in whole], held)
         if not slices and not mps:
             return None
         mps_gpus = [t for t in mps if not t.is_mig]
-        found = {t.uuid: conflicts.found_mode(t.uuid, held) or self.smi.compute_mode(t.uuid) for t in slices + mps_gpus}
-        directory = self.mps_dir(claim_uid)
+        found = {
+            t.uuid: conflicts.found_mode(t.uuid, held) or self.smi.compute_mode(t.uuid, call) for t in slices + mps_gpus
+        }
+        directory = self.mps_dir(claim.entry.uid)
+        intents: dict[int, SharingRecord] = {}
         for t in slices:
-            t.record.sharing = {"strategy": "TimeSlicing", "gpuUuid": t.uuid, "interval": _interval(t.config),
-                                "computeMode": found[t.uuid], "applied": False}  # fmt: skip
+            intents[t.index] = TimeSlicingRecord(
+                gpu_uuid=t.uuid, interval=_interval(t.config), compute_mode=found[t.uuid]
+            )
         for t in mps:
-            t.record.sharing = {"strategy": "MPS", "dir": str(directory), "uuid": t.uuid, "applied": False}
-            if not t.is_mig:
-                t.record.sharing.update(gpuUuid=t.uuid, computeMode=found[t.uuid])
-        save()  # intents first: a crash from here on leaves records that undo acts on
-        crashpoints.reached("prepare.sharing-intent-recorded")
+            whole_gpu = None if t.is_mig else t.uuid
+            intents[t.index] = MpsRecord(
+                dir=str(directory),
+                uuid=t.uuid,
+                gpu_uuid=whole_gpu,
+                compute_mode=found.get(t.uuid) if whole_gpu else None,
+            )
+        entry = claim.entry
+        for index, record in intents.items():
+            entry = entry.with_device(index, sharing=record)
+        claim.record(APPLY_SHARING, "intent", entry)  # intents first: from here on undo knows what may be set
         for t in slices:
             if found[t.uuid] != DEFAULT:
-                self.smi.set_compute_mode(t.uuid, DEFAULT)
-            self.smi.set_timeslice(t.uuid, _interval(t.config))
+                self.smi.set_compute_mode(t.uuid, DEFAULT, call)
+            self.smi.set_timeslice(t.uuid, _interval(t.config), call)
         for t in mps_gpus:
             if found[t.uuid] != EXCLUSIVE_PROCESS:
-                self.smi.set_compute_mode(t.uuid, EXCLUSIVE_PROCESS)
-        edits = self._start_mps(claim_uid, directory, mps, deadline) if mps else None
-        crashpoints.reached("prepare.sharing-applied")
-        for t in slices + mps:
-            assert t.record.sharing is not None
-            t.record.sharing["applied"] = True
-        save()
+                self.smi.set_compute_mode(t.uuid, EXCLUSIVE_PROCESS, call)
+        edits = self._start_mps(claim.entry.uid, directory, mps, call) if mps else None
+        APPLY_SHARING.at("done")
+        entry = claim.entry
+        for index, record in intents.items():
+            entry = entry.with_device(index, sharing=record.model_copy(update={"applied": True}))
+        claim.record(APPLY_SHARING, "recorded", entry)
         return edits
 
-    def _start_mps(
-        self, claim_uid: str, directory: Path, targets: list[Target], deadline: float | None
-    ) -> ContainerEdits:
+    def _start_mps(self, claim_uid: str, directory: Path, targets: list[Target], call: CallContext) -> ContainerEdits:
         for sub in ("pipe", "log", "shm"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         if self.shm is not None:
@@ -183,7 +186,7 @@ class SharingManager:
                 self.shm.mount(directory / "shm")
             except TmpfsError as e:
                 raise SharingError(f"MPS shm of claim {claim_uid}: {e}") from e
-        self.mps.start(claim_uid, directory, [t.uuid for t in targets], self._mps_settings(targets), deadline)
+        self.mps.start(claim_uid, directory, [t.uuid for t in targets], self._mps_settings(targets), call.deadline)
         return container_edits(directory)
 
     def _percentage(self, mps: MpsConfig | None) -> int | None:
@@ -210,48 +213,52 @@ class SharingManager:
         return MpsSettings(percentage, tuple(limits))
 
     # ----- undo -----------------------------------------------------------------------------------------------
-    def undo(self, claim_uid: str, records: list[CheckpointedDevice], others: Iterable[ClaimEntry] = ()) -> None:
-        """Undo whatever the records say was (or may have been) applied: stop the MPS daemon and remove its
-        directory, then reset time slices and compute modes, except on GPUs where one of `others` (the
-        checkpoint's other claims) holds a setting too. Safe to repeat. Raises SharingError when a setting that
-        was applied cannot be undone (the unprepare fails and the kubelet retries)."""
+    def undo(self, claim: ClaimRecord, others: Iterable[ClaimEntry], call: CallContext = NO_DEADLINE) -> None:
+        """Undo whatever the claim's records say was (or may have been) applied, then clear them (UNDO_SHARING):
+        stop the MPS daemon and remove its directory, then reset time slices and compute modes, except on GPUs where
+        one of `others` (the checkpoint's other claims) holds a setting too. Safe to repeat. Raises SharingError
+        when a setting that was applied cannot be undone (the unprepare fails and the kubelet retries)."""
         held = list(others)
-        shared: list[dict[str, Any]] = [r.sharing for r in records if r.sharing]
-        directories = {Path(s["dir"]) for s in shared if s.get("strategy") == "MPS" and s.get("dir")}
+        uid = claim.entry.uid
+        shared = [d.sharing for d in claim.entry.devices if d.sharing is not None]
+        if not shared:
+            return
+        directories = {Path(s.dir) for s in shared if isinstance(s, MpsRecord) and s.dir}
         for directory in sorted(directories):  # a failure here leaves the compute modes to the retried unprepare
-            self._stop_mps(claim_uid, directory)
+            self._stop_mps(uid, directory, call)
         failures: list[str] = []
         done: set[str] = set()
         for s in shared:
-            gpu = s.get("gpuUuid")
-            if not isinstance(gpu, str) or gpu in done:
+            gpu = s.gpu_uuid
+            if gpu is None or gpu in done:
                 continue
             done.add(gpu)
             holders = conflicts.holders(gpu, held)
             if holders:
-                log.info("claim %s: GPU %s keeps its settings, claim %s holds them too", claim_uid, gpu,
-                         holders[0].claim)  # fmt: skip
+                log.info("claim %s: GPU %s keeps its settings, claim %s holds them too", uid, gpu, holders[0].claim)
                 continue
             try:
-                self._restore(gpu, s)
+                self._restore(gpu, s, call)
             except SharingError as e:
-                if s.get("applied"):
+                if s.applied:
                     failures.append(str(e))
                 else:  # never confirmed: most likely applying it failed
-                    log.warning("claim %s: %s (the setting was never confirmed applied)", claim_uid, e)
+                    log.warning("claim %s: %s (the setting was never confirmed applied)", uid, e)
         if failures:
             raise SharingError("; ".join(failures))
+        UNDO_SHARING.at("done")
+        claim.record(UNDO_SHARING, "recorded", claim.entry.with_devices(sharing=None))
 
-    def _restore(self, gpu: str, record: dict[str, Any]) -> None:
-        if record.get("strategy") == "TimeSlicing":
-            self.smi.set_timeslice(gpu, 0, gone_is_fine=True)
-        found = record.get("computeMode")
-        if found in COMPUTE_MODES and found != _MODE_SET_BY.get(str(record.get("strategy"))):
-            self.smi.set_compute_mode(gpu, str(found), gone_is_fine=True)
+    def _restore(self, gpu: str, record: SharingRecord, call: CallContext) -> None:
+        if isinstance(record, TimeSlicingRecord):
+            self.smi.set_timeslice(gpu, 0, call, gone_is_fine=True)
+        found = record.compute_mode
+        if found in COMPUTE_MODES and found != _MODE_SET_BY[record.strategy]:
+            self.smi.set_compute_mode(gpu, found, call, gone_is_fine=True)
 
-    def _stop_mps(self, claim_uid: str, directory: Path, deadline: float | None = None) -> None:
+    def _stop_mps(self, claim_uid: str, directory: Path, call: CallContext = NO_DEADLINE) -> None:
         """Stop the claim's daemon (it is gone when this returns), unmount the shm tmpfs, remove the directory."""
-        self.mps.stop(claim_uid, directory, deadline or time.monotonic() + MPS_STOP_TIMEOUT_S)
+        self.mps.stop(claim_uid, directory, time.monotonic() + call.timeout(MPS_STOP_TIMEOUT_S))
         try:
             tmpfs.unmount(directory / "shm")  # mounted or not, whatever was recorded: mountinfo says
         except TmpfsError as e:

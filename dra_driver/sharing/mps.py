@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dra_driver.cdi.spec import ContainerEdits, Mount
+from dra_driver.claimstate.context import time_left
 from dra_driver.sharing.nvsmi import SharingError, check
 from dra_driver.sharing.runner import CommandResult, CommandRunner
 
@@ -31,21 +32,26 @@ class MpsControl:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         return env
 
-    def _run(self, argv: list[str], env: Mapping[str, str], stdin: str | None = None) -> CommandResult:
+    def _run(
+        self, argv: list[str], env: Mapping[str, str], stdin: str | None = None, deadline: float | None = None
+    ) -> CommandResult:
+        timeout = None if deadline is None else max(0.0, time_left(deadline))
         try:
-            return self.runner.run(argv, env=env, input=stdin)
+            return self.runner.run(argv, env=env, input=stdin, timeout=timeout)
         except OSError as e:
             raise SharingError(f"{argv[0]}: {e}") from e
 
-    def start(self, directory: Path, uuids: list[str], commands: list[str]) -> ContainerEdits:
+    def start(
+        self, directory: Path, uuids: list[str], commands: list[str], deadline: float | None = None
+    ) -> ContainerEdits:
         """Start the daemon for `uuids` (in CUDA_VISIBLE_DEVICES order), send it `commands`; the edits that
-        connect a container to it."""
+        connect a container to it. Each command ends at `deadline` (time.monotonic()) at the latest."""
         for sub in ("pipe", "log", "shm"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         env = self.env(directory, uuids)
-        check(f"start MPS control daemon for {','.join(uuids)}", self._run([CONTROL, "-d"], env))
+        check(f"start MPS control daemon for {','.join(uuids)}", self._run([CONTROL, "-d"], env, deadline=deadline))
         if commands:
-            check("configure MPS control daemon", self._run([CONTROL], env, "\n".join(commands) + "\n"))
+            check("configure MPS control daemon", self._run([CONTROL], env, "\n".join(commands) + "\n", deadline))
         return ContainerEdits(
             env=[f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"],
             mounts=[

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dra_driver.claimstate.deadline import time_left
+from dra_driver.claimstate.context import time_left
 from dra_driver.kube.rest import ApiError, KubeRest, as_rest, path_of
 from dra_driver.sharing.mps_control_daemon import MpsDaemonError, MpsSettings
 from dra_driver.sharing.tmpfs import ShmMounter, parse_size

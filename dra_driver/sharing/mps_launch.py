@@ -11,6 +11,7 @@ removes (with the tmpfs on shm), and give containers the same edits (`container_
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -50,13 +51,14 @@ class LocalMps:
     def start(
         self, claim_uid: str, mps_dir: Path, uuids: list[str], settings: MpsSettings, deadline: float | None = None
     ) -> None:
-        self.control.start(mps_dir, uuids, settings.commands())  # the runner's timeout bounds each command
+        self.control.start(mps_dir, uuids, settings.commands(), deadline)
 
     def stop(self, claim_uid: str, mps_dir: Path, deadline: float | None = None) -> None:
         if not (mps_dir / "pipe").is_dir():
             return
         try:
-            result = self.runner.run([CONTROL], env=MpsControl.env(mps_dir), input="quit\n")
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            result = self.runner.run([CONTROL], env=MpsControl.env(mps_dir), input="quit\n", timeout=timeout)
         except OSError as e:
             raise SharingError(f"{CONTROL}: {e}") from e
         if result.returncode != 0:  # not running (never started, or died): nothing to stop

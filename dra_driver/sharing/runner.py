@@ -31,9 +31,17 @@ class CommandResult:
 
 
 class CommandRunner(Protocol):
-    def run(self, argv: list[str], *, env: Mapping[str, str] | None = None, input: str | None = None) -> CommandResult:
-        """Run `argv` (env: variables added to the runner's environment; input: fed to stdin); never raises
-        for a non-zero exit, only for a command that cannot be started (OSError)."""
+    def run(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run `argv` (env: variables added to the runner's environment; input: fed to stdin; timeout: at most
+        this long, the caller's deadline, within the runner's own limit); never raises for a non-zero exit, only
+        for a command that cannot be started (OSError)."""
         ...
 
 
@@ -43,14 +51,22 @@ class RealRunner:
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
 
-    def run(self, argv: list[str], *, env: Mapping[str, str] | None = None, input: str | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
         full_env = {**os.environ, **env} if env else None
+        limit = self.timeout_s if timeout is None else min(self.timeout_s, timeout)
         try:
             done = subprocess.run(
-                argv, env=full_env, input=input, capture_output=True, text=True, timeout=self.timeout_s, check=False
+                argv, env=full_env, input=input, capture_output=True, text=True, timeout=limit, check=False
             )
         except subprocess.TimeoutExpired as e:
-            return CommandResult(list(argv), 124, "", f"timed out after {self.timeout_s:g}s: {e}")
+            return CommandResult(list(argv), 124, "", f"timed out after {limit:g}s: {e}")
         return CommandResult(list(argv), done.returncode, done.stdout, done.stderr)
 
 
@@ -88,10 +104,17 @@ class DriverRootRunner:
             return {}
         return {"LD_PRELOAD": ":".join([*libraries, *filter(None, [os.environ.get("LD_PRELOAD")])])}
 
-    def run(self, argv: list[str], *, env: Mapping[str, str] | None = None, input: str | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
         name = os.path.basename(argv[0])
         command = [str(self.tool(name)), *argv[1:]]
-        return self.inner.run(command, env={**self.environment(name), **(env or {})}, input=input)
+        return self.inner.run(command, env={**self.environment(name), **(env or {})}, input=input, timeout=timeout)
 
 
 def default_runner(lib: Any) -> CommandRunner:

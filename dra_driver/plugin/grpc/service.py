@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from dra_driver.claimstate.deadline import time_left
+from dra_driver.claimstate.context import CallContext, time_left
 from dra_driver.plugin.failures import ClaimFailure
 from dra_driver.plugin.grpc import rpc
 from dra_driver.plugin.grpc.metrics import (
@@ -132,7 +132,7 @@ class DRAService:
         self,
         method: str,
         verb: str,
-        fn: Callable[[list[ClaimRef], float | None], T],
+        fn: Callable[[list[ClaimRef], CallContext], T],
         claims: list[ClaimRef],
         deadline: float | None = None,
     ) -> tuple[T | None, str]:
@@ -149,7 +149,7 @@ class DRAService:
                 self._metrics.error(method, ERROR_DEADLINE, len(claims))
                 return None, f"{verb} not started: deadline exceeded waiting for another prepare or unprepare to finish"
             try:
-                return fn(claims, deadline), ""
+                return fn(claims, CallContext(deadline)), ""
             except Exception as exc:
                 log.exception("%s of claims %s failed", verb, [c.uid for c in claims])
                 self._metrics.error(method, ERROR_PREPARER_EXCEPTION, len(claims))
