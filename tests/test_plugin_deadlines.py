@@ -280,3 +280,74 @@ def test_start_up_serves_while_another_process_holds_the_node_lock(tmp_path: Pat
     assert uid in d.checkpoint.claims and not orphan.exists()  # a prepared claim is kept, the orphan spec removed
     assert d.unprepare([ref(c)], CallContext(time.monotonic() + 5)) == {uid: None}
     d.close()
+
+
+def test_a_prepare_whose_deadline_passes_between_steps_stops_there_and_undoes_the_steps_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Carving takes most of the time left: the next step does not start, the MIG device is destroyed again and the
+    kubelet gets a retryable deadline failure before it gives up."""
+    from dra_driver.plugin import driver as driver_module
+
+    node = Node(tmp_path)
+    c = claim(["gpu-1-mig-1g10gb-19-0"], device_class="mig")
+    node.add(c)
+    d = node.driver()
+    carve = driver_module.create_mig_device
+
+    def slow_carve(*args: Any) -> Any:
+        time.sleep(1.2)
+        return carve(*args)
+
+    monkeypatch.setattr(driver_module, "create_mig_device", slow_carve)
+    start = time.monotonic()
+    result = d.prepare([ref(c)], CallContext(start + 1.5))[c["metadata"]["uid"]]
+    assert time.monotonic() - start < 1.5
+    assert result.failure is not None and result.failure.kind is FailureKind.DEADLINE and result.failure.retryable
+    assert "deadline exceeded before step apply-sharing" in result.error
+    assert d.checkpoint.claims == {} and node.mig_instances() == [] and node.cdi_files() == []
+    monkeypatch.setattr(driver_module, "create_mig_device", carve)
+    assert d.prepare([ref(c)], CallContext(time.monotonic() + 5))[c["metadata"]["uid"]].error == ""  # the retry
+
+
+def test_a_sharing_command_that_hangs_ends_at_the_deadline_and_the_prepare_is_undone(tmp_path: Path) -> None:
+    from dra_driver.claimstate.checkpoint import ClaimState
+    from dra_driver.sharing import CommandResult, DriverRootRunner
+    from dra_driver.simulator.tools.state import SharingState
+    from tests.test_sharing import time_slicing
+
+    node = Node(tmp_path)
+
+    class HangingTimeSlice:
+        """nvidia-smi as the driver root has it, but setting a time slice hangs until the runner kills it."""
+
+        def __init__(self) -> None:
+            self.inner = DriverRootRunner(node.sim.driver_root)
+            self.timeouts: list[float | None] = []
+
+        def run(self, argv: list[str], *, env: Any = None, input: Any = None, timeout: Any = None) -> CommandResult:
+            if "--set-timeslice" in argv and argv[-1] != "0":
+                self.timeouts.append(timeout)
+                time.sleep(timeout)
+                return CommandResult(list(argv), 124, "", f"timed out after {timeout:g}s")
+            return self.inner.run(argv, env=env, input=input, timeout=timeout)
+
+    runner = HangingTimeSlice()
+    c = claim(["gpu-1"], config=[time_slicing("Long")])
+    node.add(c)
+    d = node.driver(sharing_runner=runner)
+    start = time.monotonic()
+    result = d.prepare([ref(c)], CallContext(start + 2))[c["metadata"]["uid"]]
+    assert time.monotonic() - start < 2
+    (timeout,) = runner.timeouts
+    assert timeout is not None and timeout <= 1.5  # what was left of the call, not nvidia-smi's own minute
+    assert result.failure is not None and result.failure.kind is FailureKind.SHARING and "timed out" in result.error
+    # the undo's own commands found no time left: what may be set is recorded, for the kubelet's next call
+    uid = c["metadata"]["uid"]
+    entry = d.checkpoint.claims[uid]
+    assert entry.state is ClaimState.UNPREPARE_STARTED and entry.devices[0].sharing is not None
+    assert "undoing the prepare failed too (deadline exceeded" in result.error and node.cdi_files() == []
+    assert d.unprepare([ref(c)], CallContext(time.monotonic() + 5)) == {uid: None}
+    assert (
+        d.checkpoint.claims == {} and SharingState(node.sim.state_dir).timeslice(entry.devices[0].sharing.gpu_uuid) == 0
+    )

@@ -312,7 +312,8 @@ def test_mps_on_a_mig_device_and_per_request_configs(node: Node, runner: Recordi
     assert d.prepare([ref(c)])[uid(c)].error == ""
     first, second = d.checkpoint.claims[uid(c)].devices
     assert first.sharing is None and second.mig is not None and second.sharing is not None
-    assert "gpuUuid" not in second.sharing and "computeMode" not in second.sharing
+    assert isinstance(second.sharing, MpsRecord)
+    assert second.sharing.gpu_uuid is None and second.sharing.compute_mode is None  # a MIG device: not its GPU's
     (daemon,) = runner.daemons().values()
     assert daemon["visible"] == [second.mig.uuid] and daemon["commands"] == []
     # the GPU's compute mode is left alone: it is every MIG device's on that GPU (NVIDIA's plugin does the same)

@@ -55,7 +55,8 @@ STARTED = Step(
 CARVE_MIG = Step(
     Phase.PREPARE,
     "carve-mig",
-    "a MIG device (GPU and compute instance) per partition allocated in partitionable mode; MIG on if it was off",
+    "a MIG device (GPU and compute instance) per partition allocated in partitionable mode, MIG on if it was off; "
+    "a whole GPU's MIG off if it is on with no instance left",
     record_after="the device's `mig`: its UUID and ids (one not yet recorded is found by profile and placement)",
     points={"done": "prepare.mig-created", "recorded": "prepare.mig-recorded"},
     undo="destroy-mig, restore-mig-mode",
