@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dra_driver.claimstate.context import NO_DEADLINE, CallContext
 from dra_driver.kube.rest import ApiError, KubeRest, connect, path_of
 from dra_driver.plugin.claims import KubeClaimSource, read_timeout
 from dra_driver.plugin.failures import ClaimFailure, FailureKind
@@ -39,11 +40,11 @@ class FloorPreparer:
     def _path(self, uid: str) -> Path:
         return self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json"
 
-    def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
+    def prepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
         for ref in claims:
             try:
-                claim = self.claims.get_claim(ref.namespace, ref.name, timeout=read_timeout(deadline))
+                claim = self.claims.get_claim(ref.namespace, ref.name, timeout=read_timeout(call.deadline))
                 if claim.metadata.uid != ref.uid or claim.status.allocation is None:
                     why = f"claim {ref.name}: replaced or not allocated"
                     out[ref.uid] = PrepareResult(failure=ClaimFailure.of(FailureKind.CLAIM_CHANGED, why))
@@ -72,7 +73,7 @@ class FloorPreparer:
                 out[ref.uid] = PrepareResult(failure=ClaimFailure.of(FailureKind.INTERNAL, why))
         return out
 
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
+    def unprepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, ClaimFailure | None]:
         out: dict[str, ClaimFailure | None] = {}
         for ref in claims:
             try:

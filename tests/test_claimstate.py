@@ -21,16 +21,16 @@ from dra_driver.claimstate.checkpoint import (
     MpsRecord,
     TimeSlicingRecord,
 )
-from dra_driver.plugin import driver as driver_module
+from dra_driver.plugin import machine
 from tests.plugin_helpers import Node, claim, ref
 from tests.test_sharing import mps
 
 
 def test_each_table_has_one_handler_per_step_in_its_order() -> None:
     for table, handlers in (
-        (steps.PREPARE, driver_module._PREPARE),
-        (steps.TEARDOWN, driver_module._TEARDOWN),
-        (steps.RECOVERY, driver_module._RECOVERY),
+        (steps.PREPARE, machine._PREPARE),
+        (steps.TEARDOWN, machine._TEARDOWN),
+        (steps.RECOVERY, machine._RECOVERY),
     ):
         assert tuple(handlers) == table
 

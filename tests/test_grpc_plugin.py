@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dra_driver.claimstate.context import NO_DEADLINE, CallContext
 from dra_driver.plugin.failures import ClaimFailure, FailureKind
 from dra_driver.plugin.grpc import PluginServer, health, protos
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
@@ -40,13 +41,13 @@ class FakePreparer:
         self.prepared: list[list[ClaimRef]] = []
         self.unprepared: list[list[ClaimRef]] = []
 
-    def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
+    def prepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, PrepareResult]:
         self.prepared.append(list(claims))
         if self.prepare_error is not None:
             raise self.prepare_error
         return {c.uid: self.prepare_results[c.uid] for c in claims if c.uid in self.prepare_results}
 
-    def unprepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, ClaimFailure | None]:
+    def unprepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, ClaimFailure | None]:
         self.unprepared.append(list(claims))
         if self.unprepare_error is not None:
             raise self.unprepare_error
@@ -508,8 +509,8 @@ def test_the_call_deadline_reaches_the_preparer_and_bounds_the_wait_for_a_serial
             super().__init__()
             self.deadlines: list[float | None] = []
 
-        def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
-            self.deadlines.append(deadline)
+        def prepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, PrepareResult]:
+            self.deadlines.append(call.deadline)
             release.wait(10)
             return super().prepare(claims)
 

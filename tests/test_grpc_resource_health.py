@@ -17,6 +17,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from dra_driver.claimstate.context import NO_DEADLINE, CallContext
 from dra_driver.plugin.grpc import PluginServer, health, protos
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.resource_health import (
@@ -208,7 +209,7 @@ def test_prepares_and_unprepares_work_while_streams_are_open(short_dir: Path, de
     started: list[ClaimRef] = []
 
     class Slow(FakePreparer):
-        def prepare(self, claims: list[ClaimRef], deadline: float | None = None) -> dict[str, PrepareResult]:
+        def prepare(self, claims: list[ClaimRef], call: CallContext = NO_DEADLINE) -> dict[str, PrepareResult]:
             started.extend(claims)
             release.wait(10)
             return super().prepare(claims)

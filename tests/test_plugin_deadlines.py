@@ -287,26 +287,26 @@ def test_a_prepare_whose_deadline_passes_between_steps_stops_there_and_undoes_th
 ) -> None:
     """Carving takes most of the time left: the next step does not start, the MIG device is destroyed again and the
     kubelet gets a retryable deadline failure before it gives up."""
-    from dra_driver.plugin import driver as driver_module
+    from dra_driver.plugin import machine
 
     node = Node(tmp_path)
     c = claim(["gpu-1-mig-1g10gb-19-0"], device_class="mig")
     node.add(c)
     d = node.driver()
-    carve = driver_module.create_mig_device
+    carve = machine.create_mig_device
 
     def slow_carve(*args: Any) -> Any:
         time.sleep(1.2)
         return carve(*args)
 
-    monkeypatch.setattr(driver_module, "create_mig_device", slow_carve)
+    monkeypatch.setattr(machine, "create_mig_device", slow_carve)
     start = time.monotonic()
     result = d.prepare([ref(c)], CallContext(start + 1.5))[c["metadata"]["uid"]]
     assert time.monotonic() - start < 1.5
     assert result.failure is not None and result.failure.kind is FailureKind.DEADLINE and result.failure.retryable
     assert "deadline exceeded before step apply-sharing" in result.error
     assert d.checkpoint.claims == {} and node.mig_instances() == [] and node.cdi_files() == []
-    monkeypatch.setattr(driver_module, "create_mig_device", carve)
+    monkeypatch.setattr(machine, "create_mig_device", carve)
     assert d.prepare([ref(c)], CallContext(time.monotonic() + 5))[c["metadata"]["uid"]].error == ""  # the retry
 
 

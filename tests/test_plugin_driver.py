@@ -13,6 +13,7 @@ import pytest
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.claimstate.checkpoint import CheckpointCorruptError, ClaimState
 from dra_driver.plugin import driver as driver_module
+from dra_driver.plugin import machine
 from dra_driver.plugin.failures import FailureKind
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
 from tests.plugin_helpers import DRIVER, Node, claim, ref
@@ -305,7 +306,7 @@ def test_a_bug_is_an_internal_failure_of_that_claim_logged_with_its_traceback(
     def bug(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ValueError("a bug")
 
-    monkeypatch.setattr(driver_module, "claim_spec", bug)
+    monkeypatch.setattr(machine, "claim_spec", bug)
     with caplog.at_level("WARNING", logger=driver_module.__name__):
         result = d.prepare([ref(c)])[c["metadata"]["uid"]]
     assert result.error == "ValueError: a bug"
@@ -358,7 +359,7 @@ def test_recovery_after_a_crash_in_the_middle_of_prepare(node: Node, monkeypatch
     def crash(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise Killed
 
-    monkeypatch.setattr(driver_module, "claim_spec", crash)
+    monkeypatch.setattr(machine, "claim_spec", crash)
     with pytest.raises(Killed):
         d.prepare([ref(c)])
     assert len(node.mig_instances()) == 2  # carved, then the process died

@@ -16,7 +16,7 @@ import pytest
 
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.claimstate.checkpoint import ClaimState, MpsRecord, TimeSlicingRecord
-from dra_driver.plugin import driver as driver_module
+from dra_driver.plugin import machine
 from dra_driver.plugin.driver import Driver
 from dra_driver.plugin.failures import FailureKind
 from dra_driver.sharing import CommandResult, DriverRootRunner, RealRunner, SharingError, SharingManager, default_runner
@@ -426,7 +426,7 @@ def _crash_at_spec(monkeypatch: pytest.MonkeyPatch, runner: Recording) -> None:
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise Killed
 
-    monkeypatch.setattr(driver_module, "claim_spec", crash)
+    monkeypatch.setattr(machine, "claim_spec", crash)
 
 
 def _crash_after_time_slice(monkeypatch: pytest.MonkeyPatch, runner: Recording) -> None:

@@ -2,17 +2,14 @@
 
 A prepare checks everything first (the claim, its classes, CEL selectors, configs, device nodes: `_check`, outside
 the device locks, in parallel with other prepares; then, under them, the other claims' devices: `_plan`), then runs
-the prepare steps of `claimstate.steps` in order; unprepare, a failed prepare and start-up recovery run the teardown
-steps; start-up runs the recovery steps. Each step is a handler here (`_PREPARE`, `_TEARDOWN`, `_RECOVERY`, checked
-against the tables at import), records what the table says through the claim's `ClaimRecord`, and reaches its crash
-points. A MIG device is destroyed only after checking it is still the one recorded (GPU instance ids are reused); a
-PrepareCompleted claim whose MIG device or CDI spec is gone is undone and prepared again, never answered as prepared.
-Device changes are serialised by an in-process lock and a node-wide file lock (`<plugin dir>/pu.lock`, 0600), so
-two plugin processes (a rolling update) exclude each other. Every wait of a call ends at its deadline (its
-CallContext): the API reads, the locks, each prepare step (checked before it starts), sharing's commands and MPS
-daemon; a teardown does not stop between its steps (each is quick, and what is done is recorded), its waits do.
-Start-up reads the checkpoint and recovers under the locks too; when another process holds them too long it serves
-anyway and leaves that to the first to get them (a background retry, or a prepare or unprepare).
+the prepare steps of `claimstate.steps` (their handlers: `machine`); unprepare and a failed prepare run the teardown
+steps, and the first call to get the device locks runs start-up recovery. Device changes are serialised by an
+in-process lock and a node-wide file lock (`<plugin dir>/pu.lock`, 0600), so two plugin processes (a rolling update)
+exclude each other. Every wait of a call ends at its deadline (its CallContext): the API reads, the locks, each
+prepare step (checked before it starts), sharing's commands and MPS daemon; a teardown does not stop between its
+steps (each is quick, and what is done is recorded), its waits do. When another process holds the locks too long at
+start, the plugin serves anyway and leaves recovery to the first to get them (a background retry, or a prepare or
+unprepare).
 """
 
 from __future__ import annotations
@@ -23,123 +20,49 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import pynvml
-
-from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap_nodes
+from dra_driver.cdi.devnodes import DevNodeError, gpu_nodes
 from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
-from dra_driver.cdi.spec import ContainerEdits, cdi_device_id, claim_spec
+from dra_driver.cdi.spec import ContainerEdits, cdi_device_id
 from dra_driver.cdi.store import CdiStore
-from dra_driver.claimstate import steps
 from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
-from dra_driver.claimstate.config import ConfigError, GpuConfig, MigDeviceConfig, resolve
-from dra_driver.claimstate.context import NO_DEADLINE, CallContext, DeadlineExceeded
-from dra_driver.claimstate.steps import ClaimRecord, Step
-from dra_driver.kube.rest import ApiError
+from dra_driver.claimstate.config import ConfigError, resolve
+from dra_driver.claimstate.context import NO_DEADLINE, CallContext
+from dra_driver.claimstate.steps import ClaimRecord
 from dra_driver.nvml.api import NvmlLibrary
 from dra_driver.nvml.discovery import discover
-from dra_driver.nvml.inventory import Inventory, MigInstance
-from dra_driver.nvml.mig import (
-    LiveMig,
-    MigError,
-    create_mig_device,
-    destroy_at,
-    destroy_gpu_instance,
-    destroy_mig_device,
-    disable_mig_if_unused,
-    find_mig_device,
-    list_gpu_instances,
-    mig_enabled,
-)
-from dra_driver.plugin import features
-from dra_driver.plugin.catalog import CatalogEntry, build_catalog, conflicts
+from dra_driver.nvml.inventory import Inventory
+from dra_driver.plugin import features, machine
+from dra_driver.plugin.catalog import build_catalog, conflicts
 from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
-from dra_driver.plugin.failures import ClaimFailure, FailureKind
+from dra_driver.plugin.failures import (
+    ClaimFailure,
+    FailureKind,
+    LockTimeout,
+    PrepareError,
+    failure_of,
+    late_failure,
+    logged,
+    read_failure,
+)
+from dra_driver.plugin.machine import Checked
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 from dra_driver.sharing import (
     CommandRunner,
     DriverRootRunner,
-    SharingError,
     SharingManager,
-    Target,
     default_runner,
-    with_edits,
 )
 from dra_driver.sharing.mps_launch import MpsLauncher
 from dra_driver.sharing.tmpfs import ShmMounter
 from dra_driver.slices.devices import DEFAULT_MODE, PublishMode
 
 log = logging.getLogger(__name__)
-
-
-class PrepareError(RuntimeError):
-    """A claim cannot be prepared; nothing was changed for it."""
-
-    def __init__(self, kind: FailureKind, message: str, *, retryable: bool | None = None) -> None:
-        super().__init__(message)
-        self.failure = ClaimFailure.of(kind, message, retryable=retryable)
-
-
-class LockTimeout(PrepareError):
-    """The node's device lock could not be had before the caller's deadline; nothing was changed."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(FailureKind.LOCK_TIMEOUT, message)
-
-
-# What the errors of the steps of a prepare or unprepare stand for (PrepareError names its own kind)
-_ERROR_KINDS: tuple[tuple[type[Exception], FailureKind], ...] = (
-    (DeadlineExceeded, FailureKind.DEADLINE),
-    (ConfigError, FailureKind.INVALID_CONFIG),
-    (DevNodeError, FailureKind.CDI),
-    (MigError, FailureKind.MIG),
-    (SharingError, FailureKind.SHARING),
-    (OSError, FailureKind.IO),
-)
-_UNEXPECTED = frozenset({FailureKind.NVML, FailureKind.INTERNAL})  # logged as errors, with their traceback
-
-
-def _failure(e: Exception) -> ClaimFailure:
-    """The failure of a claim that `e` ended."""
-    if isinstance(e, PrepareError):
-        return e.failure
-    if isinstance(e, MigError) and e.code == pynvml.NVML_ERROR_GPU_IS_LOST:  # off the bus: back only after a reset
-        return ClaimFailure.of(FailureKind.MIG, str(e), retryable=False)
-    for error, kind in _ERROR_KINDS:
-        if isinstance(e, error):
-            return ClaimFailure.of(kind, str(e))
-    kind = FailureKind.NVML if isinstance(e, pynvml.NVMLError) else FailureKind.INTERNAL
-    return ClaimFailure.of(kind, f"{type(e).__name__}: {e}")
-
-
-def _read_failure(message: str, e: Exception) -> ClaimFailure:
-    """A failed read of a claim or device class: gone (a retry cannot help), or the API server did not answer."""
-    gone = isinstance(e, LookupError) or (isinstance(e, ApiError) and e.status == 404)
-    return ClaimFailure.of(FailureKind.NOT_FOUND if gone else FailureKind.API_UNAVAILABLE, message)
-
-
-def _failed(
-    call: CallContext, verb: str, ref: ClaimRef, failure: ClaimFailure, error: Exception | None = None
-) -> ClaimFailure:
-    """Log a claim's failure with its kind (the traceback of an unexpected one); returns it."""
-    unexpected = failure.kind in _UNEXPECTED
-    call.log.log(
-        logging.ERROR if unexpected else logging.WARNING,
-        "%s %s/%s (%s) failed %s: %s",
-        verb,
-        ref.namespace,
-        ref.name,
-        ref.uid,
-        failure.describe(),
-        failure.message,
-        exc_info=error if unexpected else None,
-    )
-    return failure
 
 
 # How long start-up waits for the node's device lock before it serves without it: recovery then runs in the
@@ -165,13 +88,6 @@ def _flock(fd: int, call: CallContext) -> None:
             time.sleep(0.01)
 
 
-def _late_failure(ref: ClaimRef, done: str) -> ClaimFailure:
-    return ClaimFailure.of(
-        FailureKind.DEADLINE,
-        f"deadline exceeded before claim {ref.namespace}/{ref.name} could be {done}; nothing was changed",
-    )
-
-
 @dataclass(frozen=True)
 class PluginSettings:
     driver: str
@@ -183,19 +99,6 @@ class PluginSettings:
     # NVIDIA's `nvidia-cdi-hook` (or `nvidia-ctk`) on the host: CDI specs then carry its update-ldcache and
     # create-symlinks hooks instead of a bind mount per library link (cdi.driverfiles.common_edits)
     cdi_hook_path: str | None = None
-
-
-@dataclass(frozen=True)
-class _Checked:
-    """A result of this driver that passed every check needing no device lock (`Driver._check`); `Driver._plan`
-    checks it against the other claims under the lock."""
-
-    request: str
-    entry: CatalogEntry
-    admin_access: bool
-    config: GpuConfig | MigDeviceConfig | None  # sharing
-    share_id: str | None  # set for devices several claims hold at once (consumable capacity)
-    nodes: list[CharDevice]  # the GPU's device nodes (a MIG device's capability nodes are known once it exists)
 
 
 class Driver:
@@ -320,7 +223,7 @@ class Driver:
         files = discover_driver_files(self.driver_root, inventory.driver_version)
         return common_edits(files, self.host_driver_root, hook_path=self.settings.cdi_hook_path)
 
-    def _others(self, uid: str) -> list[ClaimEntry]:
+    def others(self, uid: str) -> list[ClaimEntry]:
         """The checkpoint's other claims (called under the device locks): who else holds a shared GPU."""
         return [e for e in self.checkpoint.claims.values() if e.uid != uid]
 
@@ -339,7 +242,7 @@ class Driver:
                     # Another process (the other pod of a rolling update) may have changed the checkpoint.
                     self.checkpoint.refresh()
                     if not self._recovered:
-                        self._recover(call)
+                        machine.recover(self, call)
                         self._recovered = True
                     yield
                 finally:
@@ -368,21 +271,21 @@ class Driver:
         call: CallContext,
     ) -> PrepareResult:
         if isinstance(got, ClaimFailure):
-            return PrepareResult(failure=_failed(call, "prepare", ref, got))
+            return PrepareResult(failure=logged(call, "prepare", ref, got))
         try:
-            checked: list[_Checked] | ClaimFailure
+            checked: list[Checked] | ClaimFailure
             try:  # CEL, configs and device nodes outside the lock: other prepares go on meanwhile
                 checked = self._check(got, classes)
             except (PrepareError, ConfigError, DevNodeError) as e:  # answered under the lock, unless the claim is
-                checked = _failure(e)  # prepared already
+                checked = failure_of(e)  # prepared already
             with self._locked(call):
                 if call.expired():  # the wait used up the time: an answer after the work would come too late
-                    return PrepareResult(failure=_failed(call, "prepare", ref, _late_failure(ref, "prepared")))
+                    return PrepareResult(failure=logged(call, "prepare", ref, late_failure(ref, "prepared")))
                 devices = self._prepare_claim(ref, checked, call)
         except Exception as e:  # whatever it is (an NVML error of a lost GPU, a bug): this claim's failure only
-            return PrepareResult(failure=_failed(call, "prepare", ref, _failure(e), e))
+            return PrepareResult(failure=logged(call, "prepare", ref, failure_of(e), e))
         if isinstance(devices, ClaimFailure):
-            return PrepareResult(failure=_failed(call, "prepare", ref, devices))
+            return PrepareResult(failure=logged(call, "prepare", ref, devices))
         return PrepareResult(devices=devices)
 
     def _fetch(
@@ -397,7 +300,7 @@ class Driver:
         try:
             claim = self.claims.get_claim(ref.namespace, ref.name, timeout=timeout)
         except Exception as e:  # the API server is down or too slow, the claim is gone, ...
-            return _read_failure(f"retrieve {what}: {e}", e)
+            return read_failure(f"retrieve {what}: {e}", e)
         if claim.metadata.uid != ref.uid:
             return ClaimFailure.of(
                 FailureKind.CLAIM_CHANGED, f"{what} got replaced (uid {claim.metadata.uid}, expected {ref.uid})"
@@ -421,24 +324,24 @@ class Driver:
                 try:
                     classes[class_name] = self.claims.get_device_class(class_name, timeout=timeout)
                 except Exception as e:
-                    classes[class_name] = _read_failure(f"retrieve device class {class_name}: {e}", e)
+                    classes[class_name] = read_failure(f"retrieve device class {class_name}: {e}", e)
         return claim
 
     def _prepare_claim(
-        self, ref: ClaimRef, checked: list[_Checked] | ClaimFailure, call: CallContext
+        self, ref: ClaimRef, checked: list[Checked] | ClaimFailure, call: CallContext
     ) -> list[PreparedDevice] | ClaimFailure:
         existing = self.checkpoint.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
-            lost = self._lost(existing)
+            lost = machine.lost(self, existing)
             if lost is None:
                 return self._answer(existing)  # idempotent: same answer, no work
             call.log.warning("claim %s was prepared, but %s: preparing it again", ref.uid, lost)
         if existing is not None:
             call.log.info("claim %s is not (or no longer) fully prepared; undoing what is left first", ref.uid)
-            self._teardown(ClaimRecord(self.checkpoint, existing), call)
+            machine.teardown(self, ClaimRecord(self.checkpoint, existing), call)
         if isinstance(checked, ClaimFailure):  # e.g. its class changed since: only a prepared claim is answered
             return checked
-        self._finish_interrupted(call)
+        machine.finish_interrupted(self, call)
         planned = self._plan(checked)  # raises before anything changes
         if not planned:  # allocated only to other drivers: nothing to record, no (empty, invalid) CDI spec
             return []
@@ -459,19 +362,17 @@ class Driver:
                 for p in planned
             ),
         )
-        run = _Prepare(ClaimRecord(self.checkpoint, entry), planned, call)
+        run = machine.Prepare(ClaimRecord(self.checkpoint, entry), planned, call)
         try:
-            for step in steps.PREPARE:
-                call.check(f"step {step.name} of claim {ref.namespace}/{ref.name}")
-                _PREPARE[step](self, run)
+            machine.run_prepare(self, run)
         except Exception as failure:
             if run.claim.entry.uid not in self.checkpoint.claims:  # failed before the first record: nothing to undo
                 raise
             try:
-                self._teardown(run.claim, call)
+                machine.teardown(self, run.claim, call)
             except Exception as undo:
                 call.log.error("claim %s: undoing the failed prepare failed too: %s", ref.uid, undo)
-                first = _failure(failure)  # what failed the prepare names the kind, not the undo
+                first = failure_of(failure)  # what failed the prepare names the kind, not the undo
                 raise PrepareError(
                     first.kind,
                     f"{failure}; undoing the prepare failed too ({undo}); it is retried on the next prepare or "
@@ -481,68 +382,16 @@ class Driver:
             raise
         return self._answer(run.claim.entry)
 
-    def _finish_interrupted(self, call: CallContext) -> None:
-        """Undo the claims whose prepare or teardown stopped halfway (a full disk failed their undo too), so that
-        their devices are free again: under the device locks no other call is working on them."""
-        for entry in list(self.checkpoint.claims.values()):
-            if entry.state is ClaimState.PREPARE_COMPLETED:
-                continue
-            try:
-                self._teardown(ClaimRecord(self.checkpoint, entry), call)
-            except Exception as e:  # still in the way: the claims that need its devices are refused as before
-                call.log.error("claim %s: undoing what its interrupted %s left failed again: %s", entry.uid,
-                               entry.state, e)  # fmt: skip
-
-    def _record_started(self, run: _Prepare) -> None:
-        run.claim.record(steps.STARTED, "recorded", run.claim.entry)
-
-    def _carve_mig(self, run: _Prepare) -> None:
-        """Each device's nodes and UUID; a MIG partition carved where the mode carves, recorded once it exists."""
-        for index, p in enumerate(run.planned):
-            gpu = p.entry.gpu
-            if p.entry.profile is None:
-                self._ensure_whole_gpu(p.entry)
-                run.nodes[p.entry.name] = p.nodes
-                run.uuids.append(gpu.uuid)
-                continue
-            admins = self._existing_mig(p.entry)
-            if admins is not None:  # an admin's MIG device (static, shared): used as it is, never destroyed
-                cap_nodes = mig_cap_nodes(self.proc_root, gpu.minor, admins.gpu_instance_id, admins.compute_instance_id)
-                run.nodes[p.entry.name] = p.nodes + cap_nodes
-                run.uuids.append(admins.uuid)
-                continue
-            run.call.check(f"carving MIG device {p.entry.name}")
-            live = self._mig_for(p, run.claim.entry.uid)
-            steps.CARVE_MIG.at("done")
-            run.claim.record(steps.CARVE_MIG, "recorded", run.claim.entry.with_device(index, mig=live))
-            run.nodes[p.entry.name] = p.nodes + mig_cap_nodes(self.proc_root, gpu.minor, live.gi_id, live.ci_id)
-            run.uuids.append(live.uuid)
-
-    def _apply_sharing(self, run: _Prepare) -> None:
-        targets = [
-            Target(index, p.entry.name, p.admin_access, p.config, uuid, p.entry.profile is not None)
-            for index, (p, uuid) in enumerate(zip(run.planned, run.uuids, strict=True))
-        ]
-        # the other claims' records say who else holds a shared GPU's settings
-        run.edits = self.sharing.apply(run.claim, targets, self._others(run.claim.entry.uid), run.call)
-
-    def _write_cdi(self, run: _Prepare) -> None:
-        uid = run.claim.entry.uid
-        spec = claim_spec(self.settings.driver, uid, run.nodes, run.uuids, common=self.driver_edits)
-        self.cdi.write(uid, with_edits(spec, run.edits))
-        steps.WRITE_CDI.at("done")
-        run.claim.record_state(steps.WRITE_CDI, ClaimState.PREPARE_COMPLETED)
-
     def _check(
         self, claim: ResourceClaim, classes: dict[str, DeviceClass | ClaimFailure]
-    ) -> list[_Checked] | ClaimFailure:
+    ) -> list[Checked] | ClaimFailure:
         """This driver's results, checked against what needs no device lock: pool, catalog, class and claim
         selectors, configs and feature gates. Raises (or returns the failure of a class read) before anything
         changes."""
         assert claim.status.allocation is not None
         allocation = claim.status.allocation.devices
         catalog = self.catalog  # one snapshot: refresh_inventory replaces it whole
-        checked: list[_Checked] = []
+        checked: list[Checked] = []
         for result in allocation.results:
             if result.driver != self.settings.driver:
                 continue
@@ -584,10 +433,10 @@ class Driver:
                 if why:
                     raise PrepareError(FailureKind.INVALID_CONFIG, f"device {result.device}: {why}")
             nodes = gpu_nodes(self.proc_root, entry.gpu.minor)  # /proc/devices read outside the device lock
-            checked.append(_Checked(result.request, entry, admin, config, result.share_id, nodes))
+            checked.append(Checked(result.request, entry, admin, config, result.share_id, nodes))
         return checked
 
-    def _plan(self, checked: list[_Checked]) -> list[_Checked]:
+    def _plan(self, checked: list[Checked]) -> list[Checked]:
         """Under the device locks: the checked devices against what other claims hold now (raises if one is in
         the way); returns them."""
         held = [
@@ -613,63 +462,6 @@ class Driver:
         self.sharing.validate([(c.entry.name, c.config, c.admin_access) for c in checked])
         return checked
 
-    def _existing_mig_mode(self) -> bool:
-        """Whether the mode publishes the MIG devices that exist (every mode but partitionable, which carves)."""
-        return self.settings.mode is not PublishMode.PARTITIONABLE
-
-    def _existing_mig(self, entry: CatalogEntry) -> MigInstance | None:
-        """The MIG device a published MIG entry stands for, where the mode publishes those that exist;
-        PrepareError if it is gone or another one took its place."""
-        if not self._existing_mig_mode() or entry.profile is None:
-            return None
-        gone = FailureKind.DEVICE_UNKNOWN  # the published device is not there any more: a retry finds the same
-        for inst in entry.gpu.mig_instances:  # the inventory the entry was published from: its UUID
-            if inst.profile_id == entry.profile.id and inst.placement.start == entry.placement_start:
-                try:  # by identity, not placement: the device may have been destroyed and made again since
-                    self.lib.nvmlDeviceGetHandleByUUID(inst.uuid)
-                except pynvml.NVMLError as e:
-                    raise PrepareError(gone, f"MIG device {entry.name} ({inst.uuid}) no longer exists: {e}") from None
-                return inst
-        raise PrepareError(gone, f"MIG device {entry.name} no longer exists")
-
-    def _mig_for(self, p: _Checked, claim_uid: str) -> LiveMig:
-        assert p.entry.profile is not None and p.entry.placement_start is not None
-        gpu, profile = p.entry.gpu, p.entry.profile
-        if p.admin_access:  # admin access shares the partition another claim carved
-            for e in self.checkpoint.claims.values():
-                for d in e.devices:
-                    if d.device == p.entry.name and d.mig is not None and not d.released and e.uid != claim_uid:
-                        return d.mig
-            raise PrepareError(FailureKind.MIG, f"admin access to {p.entry.name}: no claim has carved that MIG device")
-        return create_mig_device(
-            self.lib,
-            gpu.uuid,
-            gpu.minor,
-            profile.id,
-            profile.compute_slices,
-            p.entry.placement_start,
-            profile.memory_slices,
-        )
-
-    def _lost(self, entry: ClaimEntry) -> str | None:
-        """What a PrepareCompleted claim lost since (its MIG device destroyed, its CDI spec removed), or None."""
-        for d in entry.devices:
-            if d.mig is not None and not d.released and find_mig_device(self.lib, d.mig) is None:
-                return f"its MIG device {d.device} ({d.mig.uuid}) no longer exists"
-        if not self.cdi.exists(entry.uid):
-            return f"its CDI spec {self.cdi.path(entry.uid)} no longer exists"
-        return None
-
-    def _ensure_whole_gpu(self, entry: CatalogEntry) -> None:
-        """A whole GPU needs MIG off; on Hopper and later it is switched off if no instance is left."""
-        handle = self.lib.nvmlDeviceGetHandleByUUID(entry.gpu.uuid)
-        if entry.gpu.mig_capable and mig_enabled(self.lib, handle):
-            disable_mig_if_unused(self.lib, entry.gpu.uuid, [p.id for p in entry.gpu.mig_profiles])
-            if mig_enabled(self.lib, handle):
-                raise PrepareError(
-                    FailureKind.MIG, f"GPU {entry.gpu.minor} has MIG enabled and cannot be handed out whole"
-                )
-
     def _answer(self, entry: ClaimEntry) -> list[PreparedDevice]:
         return [
             PreparedDevice(
@@ -690,203 +482,13 @@ class Driver:
         try:
             with self._locked(call):
                 if call.expired():
-                    return _failed(call, "unprepare", ref, _late_failure(ref, "unprepared"))
+                    return logged(call, "unprepare", ref, late_failure(ref, "unprepared"))
                 entry = self.checkpoint.claims.get(ref.uid)
                 if entry is not None:  # unknown claim: nothing to do, success
-                    self._teardown(ClaimRecord(self.checkpoint, entry), call)
+                    machine.teardown(self, ClaimRecord(self.checkpoint, entry), call)
             return None
         except LockTimeout as e:
-            return _failed(call, "unprepare", ref, replace(e.failure, message=f"{what}: {e}; nothing was changed"))
+            return logged(call, "unprepare", ref, replace(e.failure, message=f"{what}: {e}; nothing was changed"))
         except Exception as e:  # one claim's failure, whatever it is, stays that claim's
-            failure = replace(_failure(e), message=f"{what}: {type(e).__name__}: {e}")
-            return _failed(call, "unprepare", ref, failure, e)
-
-    def _teardown(self, claim: ClaimRecord, call: CallContext) -> None:
-        """Undo a claim, whatever step it reached: the teardown steps in order, each recorded. Safe to repeat after
-        a failure or a crash at any step."""
-        run = _Teardown(claim, call)
-        for step in steps.TEARDOWN:
-            _TEARDOWN[step](self, run)
-
-    def _record_unprepare_started(self, run: _Teardown) -> None:
-        if run.claim.entry.state is not ClaimState.UNPREPARE_STARTED:  # from here on never answered as prepared
-            run.claim.record_state(steps.UNPREPARE_STARTED, ClaimState.UNPREPARE_STARTED)
-
-    def _undo_sharing(self, run: _Teardown) -> None:
-        self.sharing.undo(run.claim, self._others(run.claim.entry.uid), run.call)
-
-    def _destroy_mig(self, run: _Teardown) -> None:
-        """Destroy the MIG devices the claim carved (skipped, with its record, for a claim holding none); `released`
-        is recorded for the devices done, also when one fails."""
-        entry = run.claim.entry
-        others = {
-            d.mig.uuid
-            for e in self.checkpoint.claims.values()
-            if e.uid != entry.uid
-            for d in e.devices
-            if d.mig is not None and not d.released
-        }
-        released: list[int] = []
-        try:
-            for index, d in enumerate(entry.devices):
-                cat = self.catalog.get(d.device)
-                # a partition this mode carves; an admin's MIG device (every other mode) is never destroyed
-                carves = cat is not None and cat.profile is not None and not self._existing_mig_mode()
-                if d.mig is not None:
-                    run.gpus.add(d.mig.parent_uuid)
-                elif carves and cat is not None:
-                    run.gpus.add(cat.gpu.uuid)
-                if d.released or (d.mig is None and not carves):
-                    continue
-                if not d.admin_access:  # admin access never destroys the partition it shares
-                    destroyed = False  # a MIG device already gone
-                    if d.mig is not None:
-                        destroyed = destroy_mig_device(self.lib, d.mig, f"MIG device {d.device} ({d.mig.uuid})")
-                    elif cat is not None and cat.profile is not None and cat.placement_start is not None:
-                        # crashed before its ids were recorded: find it by profile and placement
-                        destroyed = destroy_at(self.lib, cat.gpu.uuid, cat.profile.id, cat.placement_start, others)
-                    if destroyed:
-                        steps.DESTROY_MIG.at("done")
-                released.append(index)
-        finally:
-            if released:
-                for index in released:
-                    entry = entry.with_device(index, released=True)
-                run.claim.record(steps.DESTROY_MIG, "recorded", entry)
-
-    def _restore_mig_mode_of(self, run: _Teardown) -> None:
-        for uuid in sorted(run.gpus):
-            self._restore_mig_mode(uuid)
-        if run.gpus:
-            steps.RESTORE_MIG_MODE.at("done")
-
-    def _remove_cdi(self, run: _Teardown) -> None:
-        self.cdi.remove(run.claim.entry.uid)
-        steps.REMOVE_CDI.at("done")
-        run.claim.drop(steps.REMOVE_CDI)
-
-    def _destroy_orphans(self, gpu_uuid: str, minor: int, profile_ids: list[int], recorded: list[LiveMig]) -> None:
-        handle = self.lib.nvmlDeviceGetHandleByUUID(gpu_uuid)
-        if not mig_enabled(self.lib, handle):
-            return
-        for view in list_gpu_instances(self.lib, handle, profile_ids):
-            if any(m.parent_uuid == gpu_uuid and view.is_device(m) for m in recorded):
-                continue
-            log.warning("destroying MIG GPU instance %d on GPU %d: no prepared claim owns it", view.gi_id, minor)
-            destroy_gpu_instance(self.lib, handle, view.gi_id, f"GPU instance {view.gi_id}")
-            steps.DESTROY_ORPHAN_MIG.at("done")
-        # In this mode the driver turns MIG on when it carves: off again where no claim holds a partition, as an
-        # unprepare would (also after a crash between destroying the last instance and switching MIG off).
-        if not any(m.parent_uuid == gpu_uuid for m in recorded):
-            self._restore_mig_mode(gpu_uuid)
-
-    def _restore_mig_mode(self, gpu_uuid: str) -> None:
-        """MIG off again where the driver carved and no instance is left (Hopper and later)."""
-        gpu = self.inventory.gpu_by_uuid(gpu_uuid)
-        if gpu is not None and gpu.mig_profiles:
-            disable_mig_if_unused(self.lib, gpu_uuid, [p.id for p in gpu.mig_profiles])
-
-    def _recover(self, call: CallContext) -> None:
-        """At start (in the first call to get the device locks): the recovery steps in order."""
-        for step in steps.RECOVERY:
-            _RECOVERY[step](self, call)
-
-    def _recovery_started(self, call: CallContext) -> None:
-        steps.RECOVERY_STARTED.at("done")
-
-    def _undo_interrupted(self, call: CallContext) -> None:
-        """Finish undoing claims that were being prepared or unprepared, and prepared claims that lost a device."""
-        for entry in list(self.checkpoint.claims.values()):
-            if entry.state is ClaimState.PREPARE_COMPLETED:
-                try:
-                    lost = self._lost(entry)
-                except Exception as e:  # e.g. its GPU fell off the bus: cannot tell, keep it
-                    log.error("checking prepared claim %s failed: %s", entry.uid, e)
-                    continue
-                if lost is None:
-                    continue
-                log.warning("claim %s/%s (%s) was prepared, but %s: undoing it", entry.namespace, entry.name,
-                            entry.uid, lost)  # fmt: skip
-            else:
-                log.warning("undoing claim %s/%s (%s), interrupted in %s", entry.namespace, entry.name, entry.uid,
-                            entry.state)  # fmt: skip
-            try:
-                self._teardown(ClaimRecord(self.checkpoint, entry), call)
-            except Exception as e:  # retried by the claim's next prepare or unprepare
-                log.error("undoing claim %s failed: %s", entry.uid, e)
-                continue
-            steps.UNDO_INTERRUPTED.at("done")
-
-    def _remove_orphan_mps(self, call: CallContext) -> None:
-        self.sharing.remove_orphans(set(self.checkpoint.claims))
-
-    def _destroy_orphan_mig(self, call: CallContext) -> None:
-        """MIG devices no claim owns (the carving mode only); MIG off again where none is left."""
-        if self.settings.mode is not PublishMode.PARTITIONABLE:
-            return
-        recorded = [
-            d.mig for e in self.checkpoint.claims.values() for d in e.devices if d.mig is not None and not d.released
-        ]
-        for gpu in self.inventory.gpus:
-            if gpu.mig_profiles:
-                try:
-                    self._destroy_orphans(gpu.uuid, gpu.minor, [p.id for p in gpu.mig_profiles], recorded)
-                except Exception as e:  # one broken GPU must not keep the plugin from starting
-                    log.error("looking for orphan MIG devices on GPU %d failed: %s", gpu.minor, e)
-
-    def _remove_orphan_cdi(self, call: CallContext) -> None:
-        """CDI specs no prepared claim owns, and temp files of interrupted writes."""
-        completed = {e.uid for e in self.checkpoint.claims.values() if e.state is ClaimState.PREPARE_COMPLETED}
-        pending = set(self.checkpoint.claims) - completed  # their teardown failed: it removes their spec later
-        for uid in self.cdi.claim_uids() - completed - pending:
-            log.warning("removing CDI spec of claim %s: no prepared claim owns it", uid)
-            self.cdi.remove(uid)
-            steps.REMOVE_ORPHAN_CDI.at("done")
-        for tmp in self.cdi.stale_temp_files():
-            log.warning("removing %s, left by an interrupted write", tmp)
-            tmp.unlink(missing_ok=True)
-
-
-@dataclass
-class _Prepare:
-    """One claim's prepare in progress: what its steps hand on to the next."""
-
-    claim: ClaimRecord
-    planned: list[_Checked]
-    call: CallContext
-    nodes: dict[str, list[CharDevice]] = field(default_factory=dict)  # device name -> its device nodes
-    uuids: list[str] = field(default_factory=list)  # the planned devices' GPU or MIG UUIDs, in order
-    edits: ContainerEdits | None = None  # sharing's, for the CDI spec
-
-
-@dataclass
-class _Teardown:
-    claim: ClaimRecord
-    call: CallContext
-    gpus: set[str] = field(default_factory=set)  # GPUs whose MIG mode may go back off
-
-
-# The handler of every step of the tables (claimstate.steps), in the tables' order.
-_PREPARE: dict[Step, Callable[[Driver, _Prepare], None]] = {
-    steps.STARTED: Driver._record_started,
-    steps.CARVE_MIG: Driver._carve_mig,
-    steps.APPLY_SHARING: Driver._apply_sharing,
-    steps.WRITE_CDI: Driver._write_cdi,
-}
-_TEARDOWN: dict[Step, Callable[[Driver, _Teardown], None]] = {
-    steps.UNPREPARE_STARTED: Driver._record_unprepare_started,
-    steps.UNDO_SHARING: Driver._undo_sharing,
-    steps.DESTROY_MIG: Driver._destroy_mig,
-    steps.RESTORE_MIG_MODE: Driver._restore_mig_mode_of,
-    steps.REMOVE_CDI: Driver._remove_cdi,
-}
-_RECOVERY: dict[Step, Callable[[Driver, CallContext], None]] = {
-    steps.RECOVERY_STARTED: Driver._recovery_started,
-    steps.UNDO_INTERRUPTED: Driver._undo_interrupted,
-    steps.REMOVE_ORPHAN_MPS: Driver._remove_orphan_mps,
-    steps.DESTROY_ORPHAN_MIG: Driver._destroy_orphan_mig,
-    steps.REMOVE_ORPHAN_CDI: Driver._remove_orphan_cdi,
-}
-for _table, _handlers in ((steps.PREPARE, _PREPARE), (steps.TEARDOWN, _TEARDOWN), (steps.RECOVERY, _RECOVERY)):
-    if tuple(_handlers) != _table:
-        raise AssertionError(f"the driver's handlers {list(_handlers)} do not follow the step table {_table}")
+            failure = replace(failure_of(e), message=f"{what}: {type(e).__name__}: {e}")
+            return logged(call, "unprepare", ref, failure, e)

@@ -7,8 +7,22 @@ failure into the kubelet's per-claim error text.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import pynvml
+
+from dra_driver.cdi.devnodes import DevNodeError
+from dra_driver.claimstate.config import ConfigError
+from dra_driver.claimstate.context import CallContext, DeadlineExceeded
+from dra_driver.kube.rest import ApiError
+from dra_driver.nvml.mig import MigError
+from dra_driver.sharing import SharingError
+
+if TYPE_CHECKING:  # types.py holds results that carry a ClaimFailure
+    from dra_driver.plugin.types import ClaimRef
 
 
 class FailureKind(StrEnum):
@@ -64,3 +78,76 @@ class ClaimFailure:
     def describe(self) -> str:
         """`[kind, retryable]` for a log line."""
         return f"[{self.kind}, {'retryable' if self.retryable else 'not retryable'}]"
+
+
+class PrepareError(RuntimeError):
+    """A claim cannot be prepared; nothing was changed for it."""
+
+    def __init__(self, kind: FailureKind, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.failure = ClaimFailure.of(kind, message, retryable=retryable)
+
+
+class LockTimeout(PrepareError):
+    """The node's device lock could not be had before the caller's deadline; nothing was changed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(FailureKind.LOCK_TIMEOUT, message)
+
+
+# What the errors of the steps of a prepare or unprepare stand for (PrepareError names its own kind)
+_ERROR_KINDS: tuple[tuple[type[Exception], FailureKind], ...] = (
+    (DeadlineExceeded, FailureKind.DEADLINE),
+    (ConfigError, FailureKind.INVALID_CONFIG),
+    (DevNodeError, FailureKind.CDI),
+    (MigError, FailureKind.MIG),
+    (SharingError, FailureKind.SHARING),
+    (OSError, FailureKind.IO),
+)
+_UNEXPECTED = frozenset({FailureKind.NVML, FailureKind.INTERNAL})  # logged as errors, with their traceback
+
+
+def failure_of(e: Exception) -> ClaimFailure:
+    """The failure of a claim that `e` ended."""
+    if isinstance(e, PrepareError):
+        return e.failure
+    if isinstance(e, MigError) and e.code == pynvml.NVML_ERROR_GPU_IS_LOST:  # off the bus: back only after a reset
+        return ClaimFailure.of(FailureKind.MIG, str(e), retryable=False)
+    for error, kind in _ERROR_KINDS:
+        if isinstance(e, error):
+            return ClaimFailure.of(kind, str(e))
+    kind = FailureKind.NVML if isinstance(e, pynvml.NVMLError) else FailureKind.INTERNAL
+    return ClaimFailure.of(kind, f"{type(e).__name__}: {e}")
+
+
+def read_failure(message: str, e: Exception) -> ClaimFailure:
+    """A failed read of a claim or device class: gone (a retry cannot help), or the API server did not answer."""
+    gone = isinstance(e, LookupError) or (isinstance(e, ApiError) and e.status == 404)
+    return ClaimFailure.of(FailureKind.NOT_FOUND if gone else FailureKind.API_UNAVAILABLE, message)
+
+
+def late_failure(ref: ClaimRef, done: str) -> ClaimFailure:
+    """The wait for the device locks used up the call's time: an answer after the work would come too late."""
+    return ClaimFailure.of(
+        FailureKind.DEADLINE,
+        f"deadline exceeded before claim {ref.namespace}/{ref.name} could be {done}; nothing was changed",
+    )
+
+
+def logged(
+    call: CallContext, verb: str, ref: ClaimRef, failure: ClaimFailure, error: Exception | None = None
+) -> ClaimFailure:
+    """Log a claim's failure with its kind (the traceback of an unexpected one); returns it."""
+    unexpected = failure.kind in _UNEXPECTED
+    call.log.log(
+        logging.ERROR if unexpected else logging.WARNING,
+        "%s %s/%s (%s) failed %s: %s",
+        verb,
+        ref.namespace,
+        ref.name,
+        ref.uid,
+        failure.describe(),
+        failure.message,
+        exc_info=error if unexpected else None,
+    )
+    return failure
