@@ -126,7 +126,7 @@ def reporter(world: Any) -> ClaimStatusReporter:
 def test_writes_when_a_held_device_is_tainted_and_when_it_recovers(world: Any) -> None:
     api, entries, taints, _ = world
     two, other, half = entry("two", "gpu-0", "gpu-1"), entry("other", "gpu-5"), entry("half", "gpu-0")
-    half.state = ClaimState.PREPARE_STARTED
+    half = half.with_state(ClaimState.PREPARE_STARTED)
     for e in (two, other, half):
         api.add(e)
         entries.append(e)
