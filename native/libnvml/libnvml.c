@@ -579,7 +579,7 @@ static nvmlReturn_t forward_va(const char *name, const char *fmt, va_list ap)
         return NVML_ERROR_MEMORY;
     }
     nvmlReturn_t result = NVML_ERROR_UNKNOWN;
-    for (int attempt = 0; attempt < 2; attempt++) {
+    for (int attempt = 0; attempt < 3; attempt++) {
         int pooled;
         int fd = get_connection(&pooled);
         if (fd < 0) {
@@ -592,10 +592,15 @@ static nvmlReturn_t forward_va(const char *name, const char *fmt, va_list ap)
         if (round_trip(fd, &req, &resp, &resp_len, &got) != 0) {
             free(resp);
             close(fd);
-            /* A pooled connection the server closed (it restarted): try once more on a new one. */
-            if (pooled && got == 0)
+            /* No answer at all: a pooled connection the server closed (it left, or was killed), or a new one a
+             * dying server still accepted. Try again; a dead server's socket refuses, and the next one starts. */
+            if (got == 0 && attempt < 2) {
+                if (!pooled)
+                    usleep(20000);
                 continue;
-            debugf("%s: the connection to the server failed", name);
+            }
+            debugf("%s: the connection to the server failed (%s, %zu bytes of the answer, %s connection)", name,
+                   strerror(errno), got, pooled ? "pooled" : "new");
             result = NVML_ERROR_UNKNOWN;
             break;
         }
