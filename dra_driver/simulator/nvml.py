@@ -345,9 +345,10 @@ class SimulatedNvml:
         domain, bus, rest = bus_id.split(":")
         dev = rest.split(".")[0]
         info = pynvml.nvmlPciInfo_t()
-        info.busIdLegacy = bus_id.encode()[:15]
-        info.busId = bus_id.encode()
         info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(dev, 16)
+        # nvml.h: NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT "%04X:%02X:%02X.0", NVML_DEVICE_PCI_BUS_ID_FMT "%08X:%02X:%02X.0"
+        info.busIdLegacy = f"{info.domain:04X}:{info.bus:02X}:{info.device:02X}.0".encode()
+        info.busId = bus_id.encode()
         info.pciDeviceId = prod.pci_device_id
         info.pciSubSystemId = 0x165710DE
         return info
