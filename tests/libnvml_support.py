@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -207,6 +208,10 @@ class PyExecutor(Executor):
         api = self.api
         if fn == "nvmlDeviceGetMemoryInfo_v2":
             return api.nvmlDeviceGetMemoryInfo(args[0], version=pynvml.nvmlMemory_v2)
+        if fn == "nvmlDeviceGetHandleByUUIDV":
+            text, kind = args
+            value = uuid.UUID(text[4:]).bytes if kind == pynvml.NVML_UUID_TYPE_BINARY else text.encode()
+            return api.nvmlDeviceGetHandleByUUIDV(value, kind)
         if fn in ("nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByPciBusId") and not self.is_sim:
             return getattr(api, fn)(args[0].encode())
         if fn == "nvmlDeviceGetGpuInstanceProfileInfo":

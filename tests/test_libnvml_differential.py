@@ -112,6 +112,7 @@ def _mig_device(d: Var, mig: Var, tag: str) -> list[Step]:
     steps += [
         Call("nvmlDeviceGetUUID", (mig,), save=f"uuid{tag}"),
         Call("nvmlDeviceGetHandleByUUID", (Var(f"uuid{tag}"),)),
+        Call("nvmlDeviceGetHandleByUUIDV", (Var(f"uuid{tag}"), pynvml.NVML_UUID_TYPE_BINARY)),
         Call("nvmlDeviceGetMaxMigDeviceCount", (d,)),
         Call("nvmlDeviceGetMigDeviceHandleByIndex", (d, 0)),
         Call("nvmlDeviceGetMigDeviceHandleByIndex", (d, 6)),  # NOT_FOUND: an empty index
@@ -298,6 +299,8 @@ def machine_script(spec: MachineSpec) -> list[Step]:
         Call("nvmlDeviceGetCount"),
         Call("nvmlDeviceGetHandleByIndex", (n,)),
         Call("nvmlDeviceGetHandleByUUID", ("GPU-00000000-0000-0000-0000-000000000000",)),
+        Call("nvmlDeviceGetHandleByUUIDV", ("GPU-00000000-0000-0000-0000-000000000000", pynvml.NVML_UUID_TYPE_BINARY)),
+        Call("nvmlDeviceGetHandleByUUIDV", ("GPU-00000000-0000-0000-0000-000000000000", 7)),
         Call("nvmlDeviceGetHandleByPciBusId", ("0000:ff:1f.0",)),
         Call("nvmlDeviceGetHandleByPciBusId", ("not a bus id",)),
     ]
@@ -308,6 +311,8 @@ def machine_script(spec: MachineSpec) -> list[Step]:
             Call("nvmlDeviceGetHandleByIndex", (i,), save=d.name),
             Call("nvmlDeviceGetUUID", (d,), save=f"u{i}"),
             Call("nvmlDeviceGetHandleByUUID", (Var(f"u{i}"),)),
+            Call("nvmlDeviceGetHandleByUUIDV", (Var(f"u{i}"), pynvml.NVML_UUID_TYPE_ASCII)),
+            Call("nvmlDeviceGetHandleByUUIDV", (Var(f"u{i}"), pynvml.NVML_UUID_TYPE_BINARY)),
             Call("nvmlDeviceGetHandleByPciBusId", (gpu.pci_bus_id,)),
             Call("nvmlDeviceGetHandleByPciBusId", (f"{int(domain, 16):04x}:{bus.lower()}:{devfn}",)),
             Call("nvmlDeviceGetHandleByPciBusId", (f"{bus}:{devfn}",)),

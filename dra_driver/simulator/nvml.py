@@ -308,6 +308,20 @@ class SimulatedNvml:
                         return self._mig_handle(index, gi.id, ci.id)
         _fail(pynvml.NVML_ERROR_NOT_FOUND)
 
+    def nvmlDeviceGetHandleByUUIDV(self, value: str | bytes, uuid_type: int) -> Any:
+        """pynvml's form of nvml.h's nvmlUUID_t: the UUID as text (NVML_UUID_TYPE_ASCII) or its 16 bytes
+        (NVML_UUID_TYPE_BINARY, which does not say whether it names a GPU or a MIG device)."""
+        if uuid_type == pynvml.NVML_UUID_TYPE_ASCII:
+            return self.nvmlDeviceGetHandleByUUID(value)
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        if uuid_type != pynvml.NVML_UUID_TYPE_BINARY or len(raw) != pynvml.NVML_DEVICE_UUID_BINARY_LEN:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        text = str(uuid.UUID(bytes=raw))
+        try:
+            return self.nvmlDeviceGetHandleByUUID(f"GPU-{text}")
+        except pynvml.NVMLError_NotFound:
+            return self.nvmlDeviceGetHandleByUUID(f"MIG-{text}")
+
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> Any:
         """nvml.h's formats: domain:bus:device.function, domain:bus:device, bus:device.function (hex)."""
         state = self._require_init()

@@ -6,7 +6,7 @@
  * Sizes in the formats are the C layouts of nvml.h's structs on LP64 (x86_64, aarch64); the server checks each
  * struct it sends against them: nvmlPciInfo_t 68, nvmlMemory_t 24, nvmlGpuInstanceProfileInfo_t 48,
  * nvmlComputeInstanceProfileInfo_t 36, nvmlGpuInstanceInfo_t 24, nvmlComputeInstanceInfo_t 32,
- * nvmlDeviceAttributes_t 40, nvmlEventData_t 32, nvmlUtilization_t 8, placements 8, handles 8. */
+ * nvmlDeviceAttributes_t 40, nvmlEventData_t 32, nvmlUtilization_t 8, nvmlUUID_t 52, placements 8, handles 8. */
 #include "libnvml.h"
 
 typedef void *handle_t; /* nvmlDevice_t, nvmlGpuInstance_t, nvmlComputeInstance_t, nvmlEventSet_t */
@@ -26,6 +26,7 @@ FORWARD(nvmlDeviceGetCount_v2, "o4", (unsigned int *count), count)
 FORWARD(nvmlDeviceGetHandleByIndex, "u o8", (unsigned int index, handle_t *device), index, device)
 FORWARD(nvmlDeviceGetHandleByIndex_v2, "u o8", (unsigned int index, handle_t *device), index, device)
 FORWARD(nvmlDeviceGetHandleByUUID, "s o8", (const char *uuid, handle_t *device), uuid, device)
+FORWARD(nvmlDeviceGetHandleByUUIDV, "B52 o8", (const void *uuid, handle_t *device), uuid, device)
 FORWARD(nvmlDeviceGetHandleByPciBusId, "s o8", (const char *bus_id, handle_t *device), bus_id, device)
 FORWARD(nvmlDeviceGetHandleByPciBusId_v2, "s o8", (const char *bus_id, handle_t *device), bus_id, device)
 FORWARD(nvmlDeviceGetName, "h S", (handle_t device, char *name, unsigned int length), device, name, length)

@@ -15,6 +15,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -129,6 +130,22 @@ func (p *probe) eventSet(i int) nvml.EventSet {
 	panic(probeError(fmt.Sprintf("argument %d is not an event set", i)))
 }
 
+// uuid is nvml.h's nvmlUUID_t for a "GPU-..." or "MIG-..." UUID: its text (NVML_UUID_TYPE_ASCII) or its 16 bytes.
+func (p *probe) uuid(text string, kind int) *nvml.UUID {
+	u := nvml.UUID{Type: uint32(kind)}
+	u.Version = nvml.STRUCT_VERSION(u, 1)
+	if nvml.UUIDType(kind) == nvml.UUID_TYPE_BINARY {
+		raw, err := hex.DecodeString(strings.ReplaceAll(text[4:], "-", ""))
+		if err != nil || len(raw) != 16 {
+			panic(probeError("not a UUID: " + text))
+		}
+		copy(u.Value[:], raw)
+	} else {
+		copy(u.Value[:], text)
+	}
+	return &u
+}
+
 func (p *probe) gpuProfile(id, count int) *nvml.GpuInstanceProfileInfo {
 	return &nvml.GpuInstanceProfileInfo{Id: uint32(id), InstanceCount: uint32(count)}
 }
@@ -167,6 +184,8 @@ func (p *probe) call(fn string) (any, nvml.Return) {
 		return p.lib.DeviceGetHandleByIndex(p.int(0))
 	case "nvmlDeviceGetHandleByUUID":
 		return p.lib.DeviceGetHandleByUUID(p.str(0))
+	case "nvmlDeviceGetHandleByUUIDV":
+		return p.lib.DeviceGetHandleByUUIDV(p.uuid(p.str(0), p.int(1)))
 	case "nvmlDeviceGetHandleByPciBusId":
 		return p.lib.DeviceGetHandleByPciBusId(p.str(0))
 	case "nvmlDeviceGetName":

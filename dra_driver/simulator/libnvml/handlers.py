@@ -95,6 +95,15 @@ def _by_uuid(sim: SimulatedNvml, uuid: bytes, out: Out) -> None:
     out.set(sim.nvmlDeviceGetHandleByUUID(uuid))
 
 
+@forward("B52 o8", "nvmlDeviceGetHandleByUUIDV")
+def _by_uuid_v(sim: SimulatedNvml, uuid: bytes, out: Out) -> None:
+    value = pynvml.c_nvmlUUID_t.from_buffer_copy(uuid)
+    if value.version != pynvml.nvmlUUID_v1:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    text: bytes = value.value.str if value.type == pynvml.NVML_UUID_TYPE_ASCII else bytes(value.value.bytes)
+    out.set(sim.nvmlDeviceGetHandleByUUIDV(text, value.type))
+
+
 @forward("s o8", "nvmlDeviceGetHandleByPciBusId", "nvmlDeviceGetHandleByPciBusId_v2")
 def _by_bus_id(sim: SimulatedNvml, bus_id: bytes, out: Out) -> None:
     out.set(sim.nvmlDeviceGetHandleByPciBusId(bus_id))
