@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -398,3 +399,37 @@ def test_a_long_state_path_is_reached_through_its_directory(tmp_path: Path) -> N
     assert lib.nvmlInit_v2() == SUCCESS
     assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == SUCCESS and count.value == 8
     assert lib.nvmlShutdown() == SUCCESS
+
+
+def test_a_thread_waiting_for_events_holds_up_no_other(tmp_path: Path) -> None:
+    """Connections are per call: a thread blocked in nvmlEventSetWait leaves the others their own."""
+    sim = SimulatedNvml("dgx-h100", tmp_path / "m")
+    lib = ctypes.CDLL(str(simulated_library(sim)))
+    assert lib.nvmlInit_v2() == SUCCESS
+    try:
+        dev, event_set = ctypes.c_void_p(), ctypes.c_void_p()
+        assert lib.nvmlDeviceGetHandleByIndex_v2(3, ctypes.byref(dev)) == SUCCESS
+        assert lib.nvmlEventSetCreate(ctypes.byref(event_set)) == SUCCESS
+        xid = pynvml.nvmlEventTypeXidCriticalError
+        assert lib.nvmlDeviceRegisterEvents(dev, ctypes.c_ulonglong(xid), event_set) == SUCCESS
+        waited: list[tuple[int, int, float]] = []
+
+        def wait() -> None:
+            data = pynvml.c_nvmlEventData_t()
+            t0 = time.monotonic()
+            rc = lib.nvmlEventSetWait_v2(event_set, ctypes.byref(data), 20000)
+            waited.append((rc, int(data.eventData), time.monotonic() - t0))
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        name = ctypes.create_string_buffer(96)
+        assert all(lib.nvmlDeviceGetName(dev, name, 96) == SUCCESS for _ in range(200))
+        assert time.monotonic() - t0 < 10 and waiter.is_alive()
+        sim.inject_event(3, xid, xid=48)
+        waiter.join(timeout=30)
+        assert [(rc, data) for rc, data, _ in waited] == [(SUCCESS, 48)]
+        assert lib.nvmlEventSetFree(event_set) == SUCCESS
+    finally:
+        assert lib.nvmlShutdown() == SUCCESS
