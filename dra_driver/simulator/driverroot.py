@@ -1,6 +1,8 @@
 """A simulated NVIDIA driver root: the user-space files a data-center driver installs, laid out as on a Debian-
 family host, so CDI discovery reads a real tree (versioned libraries that glibc loads, soname and `.so` links, an
-ld.so.cache, the binaries, the GSP firmware, the persistenced socket).
+ld.so.cache, the binaries, the GSP firmware, the persistenced socket). libnvidia-ml is the simulated NVML library
+(native/libnvml, docs/simulated-libnvml.md) where scripts/build-libnvml.sh has built it: it answers the NVML C API
+from the state of the machine whose state directory holds the root; the other libraries are stand-ins.
 
     usr/lib/<multiarch>/libcuda.so.<ver>, libcuda.so.1 -> libcuda.so.<ver>, libcuda.so -> libcuda.so.1, ...
     etc/ld.so.cache, etc/ld.so.conf, etc/ld.so.conf.d/<multiarch>.conf
@@ -34,6 +36,7 @@ from dra_driver.cdi.driverfiles import resolve_in_root
 from dra_driver.cdi.elf import ElfError, read_elf
 from dra_driver.cdi.ldcache import CacheEntry, flags_for, libcmp, serialize
 from dra_driver.simulator.elf import shared_object
+from dra_driver.simulator.libnvml.build import built_library
 
 _MULTIARCH = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
 # name -> soname ("" = the versioned file name, as for libnvidia-gpucomp) and whether a `.so` dev link exists;
@@ -124,7 +127,7 @@ def ensure_driver_root(
     libdir.mkdir(parents=True, exist_ok=True)
     for base, (soname, dev_link) in _LIBRARIES.items():
         versioned = f"{base}.so.{driver_version}"
-        _write(libdir / versioned, shared_object(soname or versioned), 0o644)
+        _write(libdir / versioned, _library_bytes(base, soname or versioned), 0o644)
         if soname:
             _symlink(libdir / soname, versioned)
             if dev_link:
@@ -147,6 +150,17 @@ def ensure_driver_root(
     dirs = [f"/usr/local/lib/{triplet}", f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib", "/usr/lib"]
     _write(root / "etc" / "ld.so.cache", serialize(ldconfig_entries(root, dirs)), 0o644)
     return root
+
+
+def _library_bytes(base: str, soname: str) -> bytes:
+    """libnvidia-ml: the simulated NVML library (dra_driver.simulator.libnvml) where it is built, which answers the
+    NVML C API from the state of the machine whose driver root it lies in; every other library, and libnvidia-ml
+    where none is built, a stand-in that the dynamic loader maps but that has no symbols."""
+    if base == "libnvidia-ml":
+        built = built_library()
+        if built is not None:
+            return built.read_bytes()
+    return shared_object(soname)
 
 
 def ldconfig_entries(root: Path, dirs: list[str]) -> list[CacheEntry]:

@@ -36,6 +36,7 @@ from dra_driver.simulator.catalog import (
 )
 from dra_driver.simulator.driverroot import ensure_driver_root, write_nvidia_smi
 from dra_driver.simulator.events import GPU_LEVEL, EventSetState, EventStore
+from dra_driver.simulator.libnvml import write_conf
 from dra_driver.simulator.mig_rules import MigRuleError
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor, write_fake_procfs
 from dra_driver.simulator.state import (
@@ -44,6 +45,12 @@ from dra_driver.simulator.state import (
     GpuState,
     MachineState,
     StateStore,
+)
+from dra_driver.simulator.structs import (
+    c_nvmlComputeInstanceProfileInfo_v3_t,
+    c_nvmlGpuInstanceProfileInfo_v3_t,
+    nvmlComputeInstanceProfileInfo_v3,
+    nvmlGpuInstanceProfileInfo_v3,
 )
 from dra_driver.simulator.sysfs import write_fake_sysfs
 
@@ -110,6 +117,24 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of a PCI bus id in one of nvml.h's formats, None if it is none of them."""
+    try:
+        parts = text.strip().split(":")
+        if len(parts) == 3:
+            domain, bus, rest = parts
+        elif len(parts) == 2:
+            domain, (bus, rest) = "0", parts
+            if "." not in rest:
+                return None
+        else:
+            return None
+        device, _, function = rest.partition(".")
+        return int(domain, 16), int(bus, 16), int(device, 16), int(function or "0", 16)
+    except ValueError:
+        return None
+
+
 class SimulatedNvml:
     """One simulated machine. Its state lives in `state_dir` and is shared by every process using it."""
 
@@ -124,6 +149,7 @@ class SimulatedNvml:
             for i, g in enumerate(self.spec.gpus)
         ]
         self.store = StateStore(self.state_dir, self.spec, on_commit=self._sync_kernel_files)
+        write_conf(self.state_dir, self.spec)  # the simulated libnvidia-ml of the driver root finds its server by it
         self.sysfs_root = write_fake_sysfs(
             self.state_dir / "sys", [g.pci_bus_id for g in self.spec.gpus], [g.pcie_root for g in self.spec.gpus]
         )
@@ -282,6 +308,33 @@ class SimulatedNvml:
                         return self._mig_handle(index, gi.id, ci.id)
         _fail(pynvml.NVML_ERROR_NOT_FOUND)
 
+    def nvmlDeviceGetHandleByUUIDV(self, value: str | bytes, uuid_type: int) -> Any:
+        """pynvml's form of nvml.h's nvmlUUID_t: the UUID as text (NVML_UUID_TYPE_ASCII) or its 16 bytes
+        (NVML_UUID_TYPE_BINARY, which does not say whether it names a GPU or a MIG device)."""
+        if uuid_type == pynvml.NVML_UUID_TYPE_ASCII:
+            return self.nvmlDeviceGetHandleByUUID(value)
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        if uuid_type != pynvml.NVML_UUID_TYPE_BINARY or len(raw) != pynvml.NVML_DEVICE_UUID_BINARY_LEN:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        text = str(uuid.UUID(bytes=raw))
+        try:
+            return self.nvmlDeviceGetHandleByUUID(f"GPU-{text}")
+        except pynvml.NVMLError_NotFound:
+            return self.nvmlDeviceGetHandleByUUID(f"MIG-{text}")
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> Any:
+        """nvml.h's formats: domain:bus:device.function, domain:bus:device, bus:device.function (hex)."""
+        state = self._require_init()
+        wanted = _parse_bus_id(_text(bus_id))
+        if wanted is None:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for index, gpu in enumerate(self.spec.gpus):
+            if _parse_bus_id(gpu.pci_bus_id) == wanted:
+                if state.gpus[index].lost:
+                    _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
+                return self._device_handle(index)
+        _fail(pynvml.NVML_ERROR_NOT_FOUND)
+
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         return self._gpu(handle)[0]
 
@@ -306,9 +359,10 @@ class SimulatedNvml:
         domain, bus, rest = bus_id.split(":")
         dev = rest.split(".")[0]
         info = pynvml.nvmlPciInfo_t()
-        info.busIdLegacy = bus_id.encode()[:15]
-        info.busId = bus_id.encode()
         info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(dev, 16)
+        # nvml.h: NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT "%04X:%02X:%02X.0", NVML_DEVICE_PCI_BUS_ID_FMT "%08X:%02X:%02X.0"
+        info.busIdLegacy = f"{info.domain:04X}:{info.bus:02X}:{info.device:02X}.0".encode()
+        info.busId = bus_id.encode()
         info.pciDeviceId = prod.pci_device_id
         info.pciSubSystemId = 0x165710DE
         return info
@@ -323,6 +377,12 @@ class SimulatedNvml:
             mib = self._gpu(handle)[2].memory_mib
         total = mib << 20
         used = self._workload_memory(handle, total)
+        if version:  # nvmlDeviceGetMemoryInfo_v2: no memory is reserved for the system here
+            if version != pynvml.nvmlMemory_v2:
+                _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            mem2 = pynvml.c_nvmlMemory_v2_t()
+            mem2.version, mem2.total, mem2.reserved, mem2.free, mem2.used = version, total, 0, total - used, used
+            return mem2
         mem = pynvml.c_nvmlMemory_t()
         mem.total, mem.free, mem.used = total, total - used, used
         return mem
@@ -387,26 +447,42 @@ class SimulatedNvml:
 
     @staticmethod
     def _profile_info(p: GpuInstanceProfileSpec, version: int) -> Any:
-        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else pynvml.c_nvmlGpuInstanceProfileInfo_t()
-        info.id, info.isP2pSupported, info.sliceCount, info.instanceCount = p.id, 0, p.compute_slices, p.instance_count
+        """Version 1 and 2 as pynvml has them; 3 (dra_driver.simulator.structs) as nvml.h: capabilities instead of
+        isP2pSupported (P2P is not supported on any profile modelled here, GFX only on +gfx profiles)."""
+        info: Any
+        if version == 3:
+            info = c_nvmlGpuInstanceProfileInfo_v3_t()
+            info.version = nvmlGpuInstanceProfileInfo_v3
+            info.capabilities = pynvml.NVML_GPU_INSTANCE_PROFILE_CAPS_GFX if p.enum.endswith("_GFX") else 0
+        elif version == 2:
+            info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+            info.isP2pSupported = 0
+        else:
+            info = pynvml.c_nvmlGpuInstanceProfileInfo_t()
+            info.isP2pSupported = 0
+        info.id, info.sliceCount, info.instanceCount = p.id, p.compute_slices, p.instance_count
         info.multiprocessorCount, info.copyEngineCount = p.multiprocessors, p.copy_engines
         info.decoderCount, info.encoderCount = p.decoders, p.encoders
         info.jpegCount, info.ofaCount, info.memorySizeMB = p.jpeg_engines, p.ofa_engines, p.memory_mib
-        if version == 2:
+        if version >= 2:
             info.name = f"MIG {p.name}".encode()
         return info
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
-        if version not in (1, 2):
+        if version not in (1, 2, 3):
             _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         _, _, prod = self._mig_gpu(handle)
         return self._profile_info(self._profile_by_enum(prod, profile), version)
 
     nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
 
-    def nvmlDeviceGetGpuInstanceProfileInfoById(self, handle: Any, profile_id: int) -> Any:
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, handle: Any, profile_id: int, version: int = 2) -> Any:
+        if version not in (2, 3):
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         _, _, prod = self._mig_gpu(handle)
-        return self._profile_info(self._profile_by_id(prod, profile_id), 2)
+        return self._profile_info(self._profile_by_id(prod, profile_id), version)
+
+    nvmlDeviceGetGpuInstanceProfileInfoByIdV = nvmlDeviceGetGpuInstanceProfileInfoById
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self, handle: Any, profile_id: int, placements_ref: Any, count_ref: Any
@@ -500,18 +576,21 @@ class SimulatedNvml:
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(
         self, gpu_instance: Any, profile: int, eng_profile: int, version: int = 2
     ) -> Any:
-        if version not in (1, 2):
+        if version not in (1, 2, 3):
             _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         _, _, prod, gi = self._gi(gpu_instance)
         if eng_profile != _ENGINE_PROFILE_SHARED:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         gp = mig_rules.profile_by_id(prod, gi.profile_id)
         c = self._ci_slices(gp.compute_slices, profile)
-        info = (
-            pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
-            if version == 2
-            else pynvml.c_nvmlComputeInstanceProfileInfo_t()
-        )
+        info: Any
+        if version == 3:  # dra_driver.simulator.structs: v2 plus capabilities (no GFX compute profile here)
+            info = c_nvmlComputeInstanceProfileInfo_v3_t()
+            info.version, info.capabilities = nvmlComputeInstanceProfileInfo_v3, 0
+        elif version == 2:
+            info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        else:
+            info = pynvml.c_nvmlComputeInstanceProfileInfo_t()
         info.id, info.sliceCount, info.instanceCount = profile, c, gp.compute_slices // c
         info.multiprocessorCount = gp.multiprocessors * c // gp.compute_slices
         info.sharedCopyEngineCount, info.sharedDecoderCount = gp.copy_engines, gp.decoders
@@ -520,7 +599,7 @@ class SimulatedNvml:
             gp.jpeg_engines,
             gp.ofa_engines,
         )
-        if version == 2:
+        if version >= 2:
             name = gp.name if c == gp.compute_slices else f"{c}c.{gp.name}"
             info.name = f"MIG {name}".encode()
         return info
@@ -528,12 +607,63 @@ class SimulatedNvml:
     nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
 
     def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: Any, profile_id: int) -> Any:
+        return self._create_ci(gpu_instance, profile_id, None)
+
+    def nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+        self, gpu_instance: Any, profile_id: int, placement: Any
+    ) -> Any:
+        """`placement`: a c_nvmlComputeInstancePlacement_t or ctypes.byref of one (its C parameter is a pointer)."""
+        p = _deref(placement)
+        _, _, prod, gi = self._gi(gpu_instance)
+        c = self._ci_slices(mig_rules.profile_by_id(prod, gi.profile_id).compute_slices, profile_id)
+        if p.size != c:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._create_ci(gpu_instance, profile_id, int(p.start))
+
+    def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(self, gpu_instance: Any, profile_id: int) -> int:
+        _, _, prod, gi = self._gi(gpu_instance)
+        gi_slices = mig_rules.profile_by_id(prod, gi.profile_id).compute_slices
+        c = self._ci_slices(gi_slices, profile_id)
+        free = 0
+        for start in mig_rules.compute_instance_placements(gi_slices, c):  # equal aligned blocks: none overlap
+            try:
+                mig_rules.check_compute_instance(gi, gi_slices, c, start)
+            except MigRuleError:
+                continue
+            free += 1
+        return free
+
+    def nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+        self, gpu_instance: Any, profile_id: int, placements_ref: Any, count_ref: Any
+    ) -> int:
+        """Every placement of the profile in this GPU instance, occupied or not, as for GPU instances."""
+        _, _, prod, gi = self._gi(gpu_instance)
+        gi_slices = mig_rules.profile_by_id(prod, gi.profile_id).compute_slices
+        c = self._ci_slices(gi_slices, profile_id)
+        starts = mig_rules.compute_instance_placements(gi_slices, c)
+        count = _deref(count_ref)
+        if placements_ref is None:
+            count.value = len(starts)
+            return int(pynvml.NVML_SUCCESS)
+        if count.value < len(starts):
+            count.value = len(starts)
+            _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        array = _deref(placements_ref)
+        for i, start in enumerate(starts):
+            array[i].start, array[i].size = start, c
+        count.value = len(starts)
+        return int(pynvml.NVML_SUCCESS)
+
+    def _create_ci(self, gpu_instance: Any, profile_id: int, start: int | None) -> Any:
         index, _, prod, gi = self._gi(gpu_instance)
         gi_slices = mig_rules.profile_by_id(prod, gi.profile_id).compute_slices
         c = self._ci_slices(gi_slices, profile_id)
         with self._mutate(index) as gpu:
             live = self._find_gi(gpu, gi.id)
-            start = mig_rules.first_free_compute_placement(live, gi_slices, c)
+            if start is None:
+                start = mig_rules.first_free_compute_placement(live, gi_slices, c)
+            else:
+                mig_rules.check_compute_instance(live, gi_slices, c, start)
             ci_id = mig_rules.allocate_compute_instance_id(live)
             # R470+ MIG UUIDs have the version-5 shape and change whenever the instance is re-created.
             mig_uuid = "MIG-" + str(uuid.uuid5(_UUID_NAMESPACE, uuid.uuid4().hex))

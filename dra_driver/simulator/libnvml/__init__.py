@@ -1,0 +1,76 @@
+"""The simulated libnvidia-ml.so.1 (native/libnvml, docs/simulated-libnvml.md): the Python half.
+
+The C library answers NVML's C API from the simulator's state by forwarding each call to a server process
+(`server.py`) that runs `SimulatedNvml` on the machine's state directory, the same files the Python simulator and the
+driver use. The library finds that directory as the nearest ancestor of its own file holding `libnvml.conf`, which
+names the Python interpreters (with their dra_driver package) that can run the server; `libnvml-machine.json` holds
+the machine the server simulates. Both are written here, by every `SimulatedNvml` of the machine.
+
+    <state>/libnvml.conf          python<TAB>interpreter<TAB>package directory, a line per candidate
+    <state>/libnvml-machine.json  the MachineSpec
+    <state>/libnvml.sock          the server's socket
+    <state>/libnvml.lock          flock: one server starts at a time, and none stops while one starts
+    <state>/libnvml-server.log    the server's output
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import dra_driver
+from dra_driver.simulator.catalog import MachineSpec
+
+CONF_NAME = "libnvml.conf"
+MACHINE_NAME = "libnvml-machine.json"
+SOCKET_NAME = "libnvml.sock"
+LOCK_NAME = "libnvml.lock"
+LOG_NAME = "libnvml-server.log"
+STATE_ENV = "DRA_DRIVER_LIBNVML_STATE"  # names the state directory where the library cannot find it from its path
+_MAX_CANDIDATES = 4
+
+_CONF_HEADER = (
+    "# The simulated libnvidia-ml of this machine starts its server (dra_driver.simulator.libnvml.server) with the\n"
+    "# first Python below whose interpreter and dra_driver package exist where it runs (docs/simulated-libnvml.md).\n"
+)
+
+
+def _python_candidates(text: str) -> list[tuple[str, str]]:
+    pairs = []
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[0] == "python":
+            pairs.append((fields[1], fields[2]))
+    return pairs
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    try:
+        if path.read_text() == text:
+            return
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_conf(state_dir: Path, spec: MachineSpec, *, python: str = sys.executable) -> None:
+    """Name `python` (with this process's dra_driver package) first among the server's interpreters, keeping the
+    others already named (a host and a container may share the state directory, each with its own Python), and
+    record the machine."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    own = (python, str(Path(dra_driver.__file__).resolve().parent))
+    try:
+        known = _python_candidates((state_dir / CONF_NAME).read_text())
+    except (FileNotFoundError, UnicodeDecodeError):
+        known = []
+    pairs = known if own in known else [own, *known][:_MAX_CANDIDATES]
+    _write_if_changed(state_dir / CONF_NAME, _CONF_HEADER + "".join(f"python\t{py}\t{pkg}\n" for py, pkg in pairs))
+    _write_if_changed(state_dir / MACHINE_NAME, spec.model_dump_json(indent=1) + "\n")
+
+
+def read_machine(state_dir: Path) -> MachineSpec:
+    return MachineSpec.model_validate_json((state_dir / MACHINE_NAME).read_bytes())
