@@ -50,10 +50,14 @@ INIT = '''"""gRPC modules of the kubelet APIs, generated from proto/ by scripts/
 
 
 def _sources(proto_dir: Path) -> list[str]:
-    missing = [rel for rel in PROTOS if not (proto_dir / rel).is_file()]
-    if missing:
-        raise SystemExit(f"gen_protos: {proto_dir} lacks {missing}")
-    return list(PROTOS)
+    found = sorted(str(p.relative_to(proto_dir)) for p in proto_dir.rglob("*.proto"))
+    unlisted = [rel for rel in found if rel not in PROTOS]
+    missing = [rel for rel in PROTOS if rel not in found]
+    if unlisted or missing:
+        raise SystemExit(
+            f"gen_protos: {proto_dir} has {unlisted or 'no file'} not listed in PROTOS, lacks {missing or 'nothing'}"
+        )
+    return found
 
 
 def generated(proto_dir: Path = PROTO_DIR) -> dict[str, bytes]:

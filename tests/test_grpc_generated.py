@@ -10,6 +10,8 @@ import tomllib
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "dra_driver" / "plugin" / "grpc" / "generated"
 # the calls the generated code makes at import to refuse an older runtime
@@ -50,6 +52,16 @@ def test_the_committed_modules_are_what_the_script_generates() -> None:
     assert installed == pinned, f"grpcio-tools {installed} is installed; the dev extra pins {pinned}"
     diff = gen.differences(gen.generated(), gen.on_disk())
     assert not diff, "stale generated modules, run: python scripts/gen_protos.py\n" + "\n".join(diff)
+
+
+def test_the_script_refuses_a_proto_it_does_not_list(tmp_path: Path) -> None:
+    gen = _generator()
+    for rel in gen.PROTOS:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((ROOT / "proto" / rel).read_text())
+    (tmp_path / "extra.proto").write_text('syntax = "proto3";\n')
+    with pytest.raises(SystemExit, match=r"extra\.proto"):
+        gen.generated(tmp_path)
 
 
 def test_the_runtime_floors_admit_no_runtime_the_generated_code_refuses() -> None:
