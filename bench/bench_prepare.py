@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import cpu_s, pctl, ratio, rss_mb
 
+from dra_driver.plugin.grpc.generated import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
 from tests.cluster.controlplane import ControlPlane
@@ -139,8 +140,8 @@ def get_info_answered(kubelet: KubeletHarness) -> None:
     the connection: KubeletHarness.get_info's channel_ready_future adds ~0.2 s of Python polling on this machine."""
     target = f"unix:{kubelet.registration_sockets()[0]}"
     with grpc.insecure_channel(target) as channel:
-        call = kubelet._registration_call(channel, "GetInfo")
-        call(kubelet._pb.registration.InfoRequest(), timeout=START_TIMEOUT_S, wait_for_ready=True)
+        stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
+        stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=START_TIMEOUT_S, wait_for_ready=True)
 
 
 def start_plugin(plugin: Plugin, api: Any, node: str) -> tuple[KubeletHarness, float, float]:

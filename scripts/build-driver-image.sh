@@ -9,7 +9,7 @@
 #    from this machine's apt mirror (its deb/deb822 sources for bookworm*), imported into buildah's storage
 #    (${cache}/buildah, vfs driver) as localhost/dra-driver-base:<hash of the mmdebstrap settings>. Rebuilt only
 #    when those settings change.
-# 2. Wheelhouse: `pip wheel` of a copy of the sources (pyproject.toml, README.md, dra_driver/, proto/) with this
+# 2. Wheelhouse: `pip wheel` of a copy of the sources (pyproject.toml, README.md, dra_driver/) with this
 #    repository's .venv (Python 3.11, so cp311 wheels fit the base): the build itself needs no network.
 # 3. `buildah bud --isolation chroot` of deploy/Dockerfile with BASE=the base image and the wheelhouse in the
 #    context, then `buildah push` to an oci-archive.
@@ -139,10 +139,8 @@ if ! "${buildah_cmd[@]}" inspect --type image "$base_ref" >/dev/null 2>&1; then
 fi
 
 # --- 2. the wheelhouse and the build context --------------------------------------------------------------------
-sources=(pyproject.toml README.md dra_driver proto)
-for f in setup.py MANIFEST.in; do [ -f "$here/$f" ] && sources+=("$f"); done
-# generated in the source tree by `pip install -e .` (setup.py's build_py): never inputs, the wheel build makes them
-excludes=(--exclude=__pycache__ --exclude='*.pyc' --exclude=dra_driver/plugin/grpc/_stubs --exclude='.stubs-*')
+sources=(pyproject.toml README.md dra_driver)
+excludes=(--exclude=__pycache__ --exclude='*.pyc')
 hash="$(
   cd "$here"
   {
@@ -170,8 +168,8 @@ t0="$(now)"
 rm -rf "$ctx/build" "$ctx"/*.egg-info
 log "wheelhouse: $(find "$ctx/wheelhouse" -name '*.whl' | wc -l) wheels in $(since "$t0")"
 wheel="$(find "$ctx/wheelhouse" -name 'dra_driver-*.whl' | head -n1)"
-if ! unzip -l "$wheel" | grep -q '_pb2\.py$'; then
-  log "warning: $(basename "$wheel") has no gRPC message stubs (*_pb2.py); the image's check (protos.load()) will fail"
+if ! unzip -l "$wheel" | grep -q '_pb2_grpc\.py$'; then
+  log "warning: $(basename "$wheel") has no generated gRPC modules (*_pb2_grpc.py); the image's import check will fail"
 fi
 
 # --- 3. build and export ----------------------------------------------------------------------------------------

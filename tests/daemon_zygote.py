@@ -45,9 +45,6 @@ def preload() -> None:
     import dra_driver.plugin.grpc.server
     import dra_driver.slices.builder
     import dra_driver.telemetry  # noqa: F401  (the daemon imports these once it serves)
-    from dra_driver.plugin.grpc import protos
-
-    protos.load()
 
 
 def _child(request: dict[str, Any]) -> None:

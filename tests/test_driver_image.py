@@ -3,7 +3,7 @@ mmdebstrap, and exports an OCI archive named with the reference the Helm chart d
 
 The checks: the archive is a valid OCI archive (digests, sizes, one manifest named by the chart's reference), its
 config runs `dra-driver`, and its layers, unpacked into a directory, hold a working `dra-driver` (run there with
-chroot and the image's PATH: `--help`, the gRPC message stubs, and the whole demo flow on a simulated node).
+chroot and the image's PATH: `--help`, the generated gRPC modules, and the whole demo flow on a simulated node).
 
 Cold, the build takes minutes (mmdebstrap from the apt mirror, a wheelhouse from PyPI, the buildah build); warm, the
 script's cache answers at once. Skipped without root, buildah or mmdebstrap, unless DRA_K8S_REQUIRE=1.
@@ -155,6 +155,6 @@ def test_rootfs_runs_dra_driver(archive: Path, tmp_path: Path) -> None:
         return done.stdout
 
     assert run(*config["config"]["Entrypoint"], *config["config"]["Cmd"]).startswith("usage: dra-driver")
-    stubs = run("python", "-c", "from dra_driver.plugin.grpc import protos; print(protos.load().stub_dir)")
-    assert "/opt/dra-driver/venv/lib/python3" in stubs  # the stubs shipped in the wheel, nothing compiled
+    generated = run("python", "-c", "import dra_driver.plugin.grpc.generated as g; print(g.__file__)")
+    assert "/opt/dra-driver/venv/lib/python3" in generated  # the gRPC modules shipped in the wheel
     assert "demo finished: everything prepared and released" in run("dra-driver", "demo")

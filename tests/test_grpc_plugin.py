@@ -15,12 +15,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.claimstate.context import NO_DEADLINE, CallContext
 from dra_driver.plugin.failures import ClaimFailure, FailureKind
-from dra_driver.plugin.grpc import PluginServer, health, protos
+from dra_driver.plugin.grpc import PluginServer, health
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.server import SUPPORTED_VERSIONS
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
@@ -293,14 +294,13 @@ def test_health_service(server: PluginServer) -> None:
 
 
 def test_health_watch_streams_changes(server: PluginServer) -> None:
-    pb = protos.load().health
     with grpc.insecure_channel(f"unix:{server.dra_socket_path}") as channel:
         watch = channel.unary_stream(
             "/grpc.health.v1.Health/Watch",
-            request_serializer=pb.HealthCheckRequest.SerializeToString,
-            response_deserializer=pb.HealthCheckResponse.FromString,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
         )
-        stream = watch(pb.HealthCheckRequest(service=""), timeout=10)
+        stream = watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
         assert next(stream).status == health.SERVING
         threading.Timer(0.1, server.health.set, args=("", health.NOT_SERVING)).start()
         assert next(stream).status == health.NOT_SERVING
@@ -384,25 +384,6 @@ def test_claim_failures_are_counted_by_kind(
         ("NodePrepareResources", "invalid_config"): 1,
         ("NodeUnprepareResources", "sharing"): 1,
     }
-
-
-def test_stubs_are_generated_once_into_a_content_keyed_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DRA_DRIVER_PROTO_CACHE", str(tmp_path / "cache"))
-    first = protos.generate()
-    assert first.parent == tmp_path / "cache"
-    assert first.name == protos.cache_key(protos.proto_dir())
-    generated = first / "dra" / "v1" / "api_pb2.py"
-    assert generated.is_file()
-    mtime = generated.stat().st_mtime_ns
-    assert protos.generate() == first
-    assert generated.stat().st_mtime_ns == mtime  # reused, not regenerated
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no temporary directories left
-
-    changed = tmp_path / "proto"
-    shutil.copytree(protos.proto_dir(), changed)
-    with (changed / protos.DRA_V1_PROTO).open("a") as f:
-        f.write("\n// changed\n")
-    assert protos.generate(changed) != first
 
 
 def _serving(path: Path) -> bool:

@@ -11,26 +11,42 @@ v0.36.x already in the cache. Without Go and without a cached copy the compariso
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2
 
-from dra_driver.plugin.grpc import protos
+from dra_driver.plugin.grpc.generated import (
+    dra_health_v1alpha1_pb2,
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_v1_pb2,
+)
 
 MODULE = "k8s.io/kubelet"
 MINOR = "v0.36"
+PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
+DRA_V1_PROTO = "dra/v1/api.proto"
+# ours (under proto/) -> upstream's (in the Go module), and the generated module our servers use
 UPSTREAM_FILES = {
-    protos.DRA_V1_PROTO: "pkg/apis/dra/v1/api.proto",
-    protos.DRA_V1BETA1_PROTO: "pkg/apis/dra/v1beta1/api.proto",
-    protos.REGISTRATION_PROTO: "pkg/apis/pluginregistration/v1/api.proto",
-    protos.DRA_HEALTH_PROTO: "pkg/apis/dra-health/v1alpha1/api.proto",
+    DRA_V1_PROTO: "pkg/apis/dra/v1/api.proto",
+    "dra/v1beta1/api.proto": "pkg/apis/dra/v1beta1/api.proto",
+    "pluginregistration/v1/api.proto": "pkg/apis/pluginregistration/v1/api.proto",
+    "dra-health/v1alpha1/api.proto": "pkg/apis/dra-health/v1alpha1/api.proto",
+}
+GENERATED: dict[str, ModuleType] = {
+    DRA_V1_PROTO: dra_v1_pb2,
+    "dra/v1beta1/api.proto": dra_v1beta1_pb2,
+    "pluginregistration/v1/api.proto": pluginregistration_v1_pb2,
+    "dra-health/v1alpha1/api.proto": dra_health_v1alpha1_pb2,
 }
 GO_TIMEOUT_S = 300
 
@@ -101,7 +117,7 @@ def upstream_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.skip(f"no Go toolchain or module proxy, and no cached {MODULE}@{MINOR}.x")
         version = cached[-1]
     cached_dir = _gomodcache() / f"{MODULE}@{version}"
-    if (cached_dir / UPSTREAM_FILES[protos.DRA_V1_PROTO]).is_file():
+    if (cached_dir / UPSTREAM_FILES[DRA_V1_PROTO]).is_file():
         return cached_dir
     if go is None:
         pytest.skip(f"{MODULE}@{version} is not cached and there is no Go toolchain to download it")
@@ -137,7 +153,7 @@ def compile_descriptor(source: Path, rel: str, out: Path) -> descriptor_pb2.File
         [
             "grpc_tools.protoc",
             f"-I{source}",
-            f"-I{protos.grpc_tools_include_dir()}",
+            f"-I{importlib.resources.files('grpc_tools') / '_proto'}",
             f"--descriptor_set_out={out}",
             rel,
         ]
@@ -195,15 +211,8 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
 
 
 def ours(rel: str) -> descriptor_pb2.FileDescriptorProto:
-    """The descriptor our servers actually use (from the generated module loaded at runtime)."""
-    pb = protos.load()
-    module = {
-        protos.DRA_V1_PROTO: pb.dra_v1,
-        protos.DRA_V1BETA1_PROTO: pb.dra_v1beta1,
-        protos.REGISTRATION_PROTO: pb.registration,
-        protos.DRA_HEALTH_PROTO: pb.dra_health,
-    }[rel]
-    return descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb)
+    """The descriptor our servers actually use (from the generated module in dra_driver/plugin/grpc/generated/)."""
+    return descriptor_pb2.FileDescriptorProto.FromString(GENERATED[rel].DESCRIPTOR.serialized_pb)
 
 
 @pytest.mark.parametrize("rel", sorted(UPSTREAM_FILES))
@@ -215,7 +224,7 @@ def test_descriptors_match_upstream(rel: str, upstream_dir: Path, tmp_path: Path
     theirs = compile_descriptor(src, upstream_rel, tmp_path / "upstream.pb")
 
     # our source compiled the same way agrees with what the runtime loaded
-    mine = compile_descriptor(protos.proto_dir(), rel, tmp_path / "ours.pb")
+    mine = compile_descriptor(PROTO_DIR, rel, tmp_path / "ours.pb")
     assert shape(mine) == shape(ours(rel))
 
     diff = differences(shape(ours(rel)), shape(theirs))
@@ -223,7 +232,7 @@ def test_descriptors_match_upstream(rel: str, upstream_dir: Path, tmp_path: Path
 
 
 def test_v1_device_share_id_is_proto3_optional() -> None:
-    device = _message(next(m for m in ours(protos.DRA_V1_PROTO).message_type if m.name == "Device"))
+    device = _message(next(m for m in ours(DRA_V1_PROTO).message_type if m.name == "Device"))
     number, label, type_, _, proto3_optional = device["fields"]["share_id"]
     assert (number, label, type_, proto3_optional) == (
         5,
@@ -234,7 +243,7 @@ def test_v1_device_share_id_is_proto3_optional() -> None:
 
 
 def test_comparison_catches_a_changed_field_number() -> None:
-    fd = ours(protos.DRA_V1_PROTO)
+    fd = ours(DRA_V1_PROTO)
     changed = descriptor_pb2.FileDescriptorProto()
     changed.CopyFrom(fd)
     claim = next(m for m in changed.message_type if m.name == "Claim")

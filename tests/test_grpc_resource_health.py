@@ -18,7 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dra_driver.claimstate.context import NO_DEADLINE, CallContext
-from dra_driver.plugin.grpc import PluginServer, health, protos
+from dra_driver.plugin.grpc import PluginServer, health
+from dra_driver.plugin.grpc.generated import dra_health_v1alpha1_pb2
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.resource_health import (
     HEALTHY,
@@ -139,7 +140,8 @@ def test_first_list_then_a_new_one_on_every_change(kubelet: KubeletHarness, devi
 
 def test_lists_are_resent_before_the_kubelet_times_them_out(short_dir: Path, devices: Devices) -> None:
     servicer = ResourceHealthServicer(DeviceHealthSource(NODE, devices), resend_interval_s=0.2)
-    server = grpc.server(ThreadPoolExecutor(4), handlers=[servicer.handler()])
+    server = grpc.server(ThreadPoolExecutor(4))
+    servicer.add_to_server(server)
     sock = short_dir / "h.sock"
     server.add_insecure_port(f"unix:{sock}")
     server.start()
@@ -280,7 +282,7 @@ def test_snapshot_maps_unknown_and_truncates_messages() -> None:
         (NODE, "b", UNKNOWN),
     ]
     assert len(response.devices[0].message) == 1024 and response.devices[0].message.endswith("...")
-    assert protos.load().dra_health.HealthStatus.Name(UNKNOWN) == "UNKNOWN"
+    assert dra_health_v1alpha1_pb2.HealthStatus.Name(UNKNOWN) == "UNKNOWN"
 
 
 def test_server_stop_ends_an_open_stream_cleanly(short_dir: Path, devices: Devices) -> None:

@@ -16,7 +16,6 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_README_LINES = 250
 FILE_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".json", ".sh", ".toml", ".proto", ".txt")
-GENERATED = {"dra_driver/plugin/grpc/_stubs/"}  # written by the package build, git-ignored
 SHELL_BLOCK = re.compile(r"^```(?:sh|bash|shell)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 BACKTICKED = re.compile(r"`([^`\n]+)`")
@@ -35,7 +34,7 @@ def _path_candidate(token: str, rooted_only: bool) -> bool:
 
 
 def _exists(token: str, bases: list[Path]) -> bool:
-    return token in GENERATED or any((base / token).exists() for base in [ROOT, *bases])
+    return any((base / token).exists() for base in [ROOT, *bases])
 
 
 def _missing_paths(text: str, rooted_only: bool) -> list[str]:

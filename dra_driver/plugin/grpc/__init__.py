@@ -1,6 +1,7 @@
 """Kubelet-facing gRPC layer of the DRA plugin: DRA node service (v1, v1beta1), registration, health, metrics.
 
-The protobuf message modules are generated from ``proto/`` at build time (see :mod:`.protos`).
+The protobuf and gRPC modules are generated from ``proto/`` by ``scripts/gen_protos.py`` and committed
+(:mod:`.generated`); the health service is grpcio-health-checking's (:mod:`.health`).
 """
 
 from __future__ import annotations

@@ -28,13 +28,26 @@ from typing import Any
 import grpc
 from pydantic import BaseModel
 
-from dra_driver.plugin.grpc import protos, resource_health, rpc
+from dra_driver.plugin.grpc import resource_health
+from dra_driver.plugin.grpc.generated import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
 from dra_driver.plugin.types import ClaimRef, PreparedDevice
 
 KUBELET_CALL_TIMEOUT_S = 45.0  # defaultClientCallTimeout in the kubelet's DRA plugin client
 CONNECT_TIMEOUT_S = 5.0  # the kubelet waits 1 s; a loaded test machine needs more
 DRA_PLUGIN_TYPE = "DRAPlugin"
 VERSION_PREFERENCE = ("v1", "v1beta1")  # what the kubelet prefers, first first
+# API version -> (messages, generated service code)
+DRA_MODULES: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1": (dra_v1_pb2, dra_v1_pb2_grpc),
+    "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
 
 
 class PrepareAnswer(BaseModel):
@@ -75,7 +88,6 @@ class KubeletHarness:
     def __init__(self, registry_dir: Path | str, driver_name: str | None = None) -> None:
         self.registry_dir = Path(registry_dir)
         self.driver_name = driver_name
-        self._pb = protos.load()
         self.info: PluginInfo | None = None
         self.registration_socket: Path | None = None
         self._dra_channel: grpc.Channel | None = None
@@ -117,17 +129,14 @@ class KubeletHarness:
                 raise TimeoutError(f"no {what} socket appeared in {self.registry_dir} within {timeout} s")
             time.sleep(poll_s)
 
-    def _registration_call(self, channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
-        return rpc.unary_call(channel, rpc.service_descriptor(self._pb.registration, "Registration"), method)
-
     def get_info(self, socket: Path | None = None) -> PluginInfo:
         """Call GetInfo on the registration socket (found if not given)."""
         path = socket or self.find_registration_socket()
         target = _unix_target(path)
         with grpc.insecure_channel(target) as channel:
             _wait_ready(channel, target, CONNECT_TIMEOUT_S)
-            answer: Any = self._registration_call(channel, "GetInfo")(
-                self._pb.registration.InfoRequest(), timeout=KUBELET_CALL_TIMEOUT_S
+            answer: Any = pluginregistration_v1_pb2_grpc.RegistrationStub(channel).GetInfo(
+                pluginregistration_v1_pb2.InfoRequest(), timeout=KUBELET_CALL_TIMEOUT_S
             )
         return PluginInfo(
             type=answer.type,
@@ -142,8 +151,8 @@ class KubeletHarness:
         target = _unix_target(path)
         with grpc.insecure_channel(target) as channel:
             _wait_ready(channel, target, CONNECT_TIMEOUT_S)
-            self._registration_call(channel, "NotifyRegistrationStatus")(
-                self._pb.registration.RegistrationStatus(plugin_registered=registered, error=error),
+            pluginregistration_v1_pb2_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+                pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=registered, error=error),
                 timeout=KUBELET_CALL_TIMEOUT_S,
             )
 
@@ -191,17 +200,16 @@ class KubeletHarness:
 
     # -- DRA service
 
-    def _dra_module(self, version: str | None) -> ModuleType:
+    def _dra_modules(self, version: str | None) -> tuple[ModuleType, ModuleType]:
         if self.info is None:
             raise RuntimeError("register() first")
         if version is None:
             version = next(v for v in VERSION_PREFERENCE if f"{v}.{DRA_PLUGIN_TYPE}" in self.info.supported_versions)
         elif f"{version}.{DRA_PLUGIN_TYPE}" not in self.info.supported_versions:
             raise ValueError(f"the plugin does not offer {version}.{DRA_PLUGIN_TYPE}")
-        modules = {"v1": self._pb.dra_v1, "v1beta1": self._pb.dra_v1beta1}
-        if version not in modules:
+        if version not in DRA_MODULES:
             raise ValueError(f"unknown DRA API version {version!r}")
-        return modules[version]
+        return DRA_MODULES[version]
 
     def _channel(self) -> grpc.Channel:
         if self.info is None:
@@ -225,17 +233,21 @@ class KubeletHarness:
         self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S
     ) -> Any:
         """NodePrepareResources; returns the response message. ``version``: "v1", "v1beta1" or None (prefer v1)."""
-        pb = self._dra_module(version)
-        call = rpc.unary_call(self._channel(), rpc.service_descriptor(pb, "DRAPlugin"), "NodePrepareResources")
-        return call(pb.NodePrepareResourcesRequest(claims=self._claims(pb, claims)), timeout=timeout)
+        pb, pb_grpc = self._dra_modules(version)
+        stub = pb_grpc.DRAPluginStub(self._channel())
+        return stub.NodePrepareResources(
+            pb.NodePrepareResourcesRequest(claims=self._claims(pb, claims)), timeout=timeout
+        )
 
     def unprepare_raw(
         self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S
     ) -> Any:
         """NodeUnprepareResources; returns the response message."""
-        pb = self._dra_module(version)
-        call = rpc.unary_call(self._channel(), rpc.service_descriptor(pb, "DRAPlugin"), "NodeUnprepareResources")
-        return call(pb.NodeUnprepareResourcesRequest(claims=self._claims(pb, claims)), timeout=timeout)
+        pb, pb_grpc = self._dra_modules(version)
+        stub = pb_grpc.DRAPluginStub(self._channel())
+        return stub.NodeUnprepareResources(
+            pb.NodeUnprepareResourcesRequest(claims=self._claims(pb, claims)), timeout=timeout
+        )
 
     def prepare(
         self, claims: list[ClaimRef], version: str | None = None, timeout: float = KUBELET_CALL_TIMEOUT_S

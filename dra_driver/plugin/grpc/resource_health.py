@@ -25,13 +25,13 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from dra_driver.plugin.grpc import protos, rpc
+from dra_driver.plugin.grpc.generated import dra_health_v1alpha1_pb2 as pb
+from dra_driver.plugin.grpc.generated import dra_health_v1alpha1_pb2_grpc as pb_grpc
 from dra_driver.slices.model import DeviceTaint
 
 log = logging.getLogger(__name__)
 
 SERVICE = "DRAResourceHealth"
-METHOD = "NodeWatchResources"
 
 # HealthStatus
 UNKNOWN = 0
@@ -90,7 +90,6 @@ class ResourceHealthServicer:
     ) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
-        self._pb = protos.load().dra_health
         self._source = source
         self._max_streams = max_streams
         self._resend_interval_s = resend_interval_s
@@ -103,7 +102,7 @@ class ResourceHealthServicer:
     @property
     def service_name(self) -> str:
         """The full name the service is served under (``v1alpha1.DRAResourceHealth``)."""
-        name: str = rpc.service_descriptor(self._pb, SERVICE).full_name
+        name: str = pb.DESCRIPTOR.services_by_name[SERVICE].full_name
         return name
 
     @property
@@ -137,13 +136,13 @@ class ResourceHealthServicer:
         """The complete device list, as sent on the streams."""
         states = self._source.devices()
         now = int(time.time())
-        response: Any = self._pb.NodeWatchResourcesResponse()
+        response: Any = pb.NodeWatchResourcesResponse()
         for name in sorted(states):
             state = states[name]
             health = UNKNOWN if state.healthy is None else HEALTHY if state.healthy else UNHEALTHY
             message = state.message if len(state.message) <= MAX_MESSAGE else state.message[: MAX_MESSAGE - 3] + "..."
             response.devices.add(
-                device=self._pb.DeviceIdentifier(pool_name=self._source.pool, device_name=name),
+                device=pb.DeviceIdentifier(pool_name=self._source.pool, device_name=name),
                 health=health,
                 last_updated_time=now,
                 health_check_timeout_seconds=self._timeout_s,
@@ -156,7 +155,7 @@ class ResourceHealthServicer:
         with self._cond:
             self._cond.notify_all()
 
-    def watch(self, request: Any, context: grpc.ServicerContext) -> Iterator[Message]:
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Message]:
         """NodeWatchResources: a list at once, then one on every change and every ``resend_interval_s``."""
         with self._cond:
             if self._stopped:
@@ -192,14 +191,12 @@ class ResourceHealthServicer:
                 self._streams -= 1
                 self._cond.notify_all()
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        """The generic handler to add to the DRA server."""
-        return rpc.service_handler(rpc.service_descriptor(self._pb, SERVICE), {METHOD: self.watch})
+    def add_to_server(self, server: grpc.Server) -> None:
+        """Serve ``NodeWatchResources`` on ``server`` (the DRA server)."""
+        pb_grpc.add_DRAResourceHealthServicer_to_server(self, server)
 
 
 def watch_resources(channel: grpc.Channel, timeout: float | None = None) -> Any:
     """Client side: open a NodeWatchResources stream (an iterator of responses that is also a grpc.Call: cancel()
     ends it)."""
-    pb = protos.load().dra_health
-    call = rpc.stream_call(channel, rpc.service_descriptor(pb, SERVICE), METHOD)
-    return call(pb.NodeWatchResourcesRequest(), timeout=timeout)
+    return pb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=timeout)

@@ -49,12 +49,20 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from dra_driver.plugin.grpc import health, protos
+from dra_driver.plugin.grpc import health
+from dra_driver.plugin.grpc.generated import pluginregistration_v1_pb2
 from dra_driver.plugin.grpc.metrics import PluginMetrics
 from dra_driver.plugin.grpc.resource_health import DEFAULT_MAX_STREAMS, DeviceHealthSource, ResourceHealthServicer
-from dra_driver.plugin.grpc.service import DRA_SERVICE, REGISTRATION_SERVICE, DRAService, RegistrationService
+from dra_driver.plugin.grpc.service import (
+    DRA_API_VERSIONS,
+    DRA_SERVICE,
+    REGISTRATION_SERVICE,
+    DRAService,
+    RegistrationService,
+)
 from dra_driver.plugin.grpc.service import RegistrationStatus as RegistrationStatus
 from dra_driver.plugin.socket_identity import DEFAULT_SOCKET_CHECK_INTERVAL_S as DEFAULT_SOCKET_CHECK_INTERVAL_S
 from dra_driver.plugin.socket_identity import (
@@ -76,6 +84,8 @@ HEALTH_WORKERS = 1  # server threads neither prepares nor unprepares take: the l
 
 
 _umask_lock = threading.Lock()
+
+AddServicer = Callable[[grpc.Server], None]  # adds a servicer to a server (as the generated add_*_to_server do)
 
 
 _POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -213,7 +223,6 @@ class PluginServer:
         self._grace_period_s = grace_period_s
         self._socket_check_interval_s = socket_check_interval_s
         self._metrics = PluginMetrics.for_registry(metrics_registry)
-        pb = protos.load()
         self._resource_health = (
             ResourceHealthServicer(device_health, max_streams=max_health_streams) if device_health is not None else None
         )
@@ -226,9 +235,7 @@ class PluginServer:
             max_concurrent_prepares=max(1, max_workers - RESERVED_WORKERS - stream_workers),
             max_concurrent_calls=max(1, max_workers - HEALTH_WORKERS - stream_workers),
         )
-        self._dra_modules = (pb.dra_v1, pb.dra_v1beta1)
         self._registration = RegistrationService(
-            pb.registration,
             driver_name,
             str(self._dra_socket),
             # like the Go helper: the optional health service is listed too (the kubelet ignores names it does not
@@ -240,14 +247,14 @@ class PluginServer:
         self._health = health.HealthServicer()
         self._health_names = [
             "",
-            *(f"{m.DESCRIPTOR.package}.{DRA_SERVICE}" for m in self._dra_modules),
-            f"{pb.registration.DESCRIPTOR.package}.{REGISTRATION_SERVICE}",
+            *(pb.DESCRIPTOR.services_by_name[DRA_SERVICE].full_name for pb, _ in DRA_API_VERSIONS),
+            pluginregistration_v1_pb2.DESCRIPTOR.services_by_name[REGISTRATION_SERVICE].full_name,
             *([self._resource_health.service_name] if self._resource_health else []),
         ]
         self._lock = threading.Lock()
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
-        self._handlers: dict[Path, list[grpc.GenericRpcHandler]] = {}
+        self._services: dict[Path, list[AddServicer]] = {}
         self._socket_ids: dict[Path, SocketId | None] = {}  # what we bound, to remove only that
         self._watchdog: SocketWatchdog | None = None
 
@@ -306,21 +313,21 @@ class PluginServer:
 
     # -- lifecycle
 
-    def _serve(
-        self, path: Path, handlers: list[grpc.GenericRpcHandler], name: str, *, replace: bool = True
-    ) -> grpc.Server:
-        """Serve ``handlers`` on ``path``. With ``replace`` a socket there is replaced (atomically); without, a file
-        that appeared there meanwhile is left alone and FileExistsError raised."""
+    def _serve(self, path: Path, services: list[AddServicer], name: str, *, replace: bool = True) -> grpc.Server:
+        """Serve ``services`` (each adds its servicer to a server) on ``path``. With ``replace`` a socket there is
+        replaced (atomically); without, a file that appeared there meanwhile is left alone and FileExistsError
+        raised."""
         path.parent.mkdir(parents=True, exist_ok=True)
         _check_replaceable(path)
-        self._handlers[path] = handlers
+        self._services[path] = services
         # gRPC unlinks the path it bound when it stops, even if another instance's socket is there by then: bind a
         # private name, and move the file into place
         tmp = path.parent / _tmp_name()
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"dra-grpc-{name}"),
-            handlers=handlers,
+            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"dra-grpc-{name}")
         )
+        for add in services:
+            add(server)
         try:
             with _umask(0o777 & ~self._socket_mode):
                 port = server.add_insecure_port(f"unix:{tmp}")
@@ -337,6 +344,9 @@ class PluginServer:
         log.info("serving %s on %s", name, path)
         return server
 
+    def _add_health(self, server: grpc.Server) -> None:
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+
     def start(self) -> None:
         """Start the DRA server, then the registrar. Raises if already started."""
         with self._lock:
@@ -345,15 +355,14 @@ class PluginServer:
             self._remove_dead_sockets()
             for name in self._health_names:
                 self._health.set(name, health.SERVING)
-            health_handler = self._health.handler()
-            dra_handlers = [self._dra.handler(m) for m in self._dra_modules]
+            dra_services: list[AddServicer] = [self._dra.add_to_server]
             if self._resource_health is not None:
                 self._resource_health.start()
-                dra_handlers.append(self._resource_health.handler())
-            self._dra_server = self._serve(self._dra_socket, [*dra_handlers, health_handler], "dra")
+                dra_services.append(self._resource_health.add_to_server)
+            self._dra_server = self._serve(self._dra_socket, [*dra_services, self._add_health], "dra")
             try:
                 self._reg_server = self._serve(
-                    self._reg_socket, [self._registration.handler(), health_handler], "registration"
+                    self._reg_socket, [self._registration.add_to_server, self._add_health], "registration"
                 )
             except BaseException:
                 self._stop_locked(0)
@@ -430,7 +439,7 @@ class PluginServer:
                 self._reg_server = self._rebind(self._reg_socket, "registration", self._reg_server)
 
     def _rebind(self, path: Path, name: str, old: grpc.Server) -> grpc.Server:
-        server = serve_again_if_gone(path, name, lambda: self._serve(path, self._handlers[path], name, replace=False))
+        server = serve_again_if_gone(path, name, lambda: self._serve(path, self._services[path], name, replace=False))
         if server is None:
             return old
         old.stop(self._grace_period_s)  # in the background: calls on its connections finish, clients reconnect

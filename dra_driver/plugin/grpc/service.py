@@ -22,7 +22,14 @@ from google.protobuf.message import Message
 
 from dra_driver.claimstate.context import CallContext, time_left
 from dra_driver.plugin.failures import ClaimFailure
-from dra_driver.plugin.grpc import rpc
+from dra_driver.plugin.grpc.generated import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
 from dra_driver.plugin.grpc.metrics import (
     ERROR_BUSY,
     ERROR_CLAIM,
@@ -45,6 +52,11 @@ T = TypeVar("T")
 PLUGIN_TYPE = "DRAPlugin"  # PluginInfo.type of a DRA driver
 DRA_SERVICE = "DRAPlugin"
 REGISTRATION_SERVICE = "Registration"
+# The DRA API versions served, newest first: their messages and their generated service code.
+DRA_API_VERSIONS: tuple[tuple[ModuleType, ModuleType], ...] = (
+    (dra_v1_pb2, dra_v1_pb2_grpc),
+    (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+)
 _NO_DEADLINE_S = 365 * 24 * 3600.0  # gRPC reports about 2**63 s remaining for a call without a deadline
 
 
@@ -261,31 +273,43 @@ class DRAService:
             self._metrics.claim_unprepared(claim.uid)
         return response, all_ok
 
-    def handler(self, pb: ModuleType) -> grpc.GenericRpcHandler:
-        """The generic handler serving ``pb``'s DRAPlugin service (one per API version)."""
-        return rpc.service_handler(
-            rpc.service_descriptor(pb, DRA_SERVICE),
-            {
-                "NodePrepareResources": self._behavior("NodePrepareResources", pb, self.prepare),
-                "NodeUnprepareResources": self._behavior("NodeUnprepareResources", pb, self.unprepare),
-            },
-        )
+    def add_to_server(self, server: grpc.Server) -> None:
+        """Serve the DRAPlugin service of every API version (:data:`DRA_API_VERSIONS`) on ``server``."""
+        for pb, pb_grpc in DRA_API_VERSIONS:
+            pb_grpc.add_DRAPluginServicer_to_server(DRAPluginServicer(self, pb), server)
 
-    def _behavior(
-        self, method: str, pb: ModuleType, handle: Callable[[ModuleType, Any, float | None], tuple[Message, bool]]
-    ) -> rpc.UnaryBehavior:
-        def behavior(request: Any, context: grpc.ServicerContext) -> Message:
-            with _instrument(self._metrics, method) as outcome:
-                try:
-                    response, ok = handle(pb, request, call_deadline(context))
-                except Exception as exc:  # a bug in this layer: still answer with a status, not a crash
-                    log.exception("%s failed", method)
-                    self._metrics.error(method, ERROR_INTERNAL)
-                    context.abort(grpc.StatusCode.INTERNAL, f"{method}: {_exception_text(exc)}")
-                outcome.append(RESULT_OK if ok else RESULT_CLAIM_ERROR)
-                return response
+    def call(
+        self,
+        method: str,
+        pb: ModuleType,
+        handle: Callable[[ModuleType, Any, float | None], tuple[Message, bool]],
+        request: Any,
+        context: grpc.ServicerContext,
+    ) -> Message:
+        """One instrumented RPC: ``handle(pb, request, deadline)``'s response; a bug in it is an INTERNAL status."""
+        with _instrument(self._metrics, method) as outcome:
+            try:
+                response, ok = handle(pb, request, call_deadline(context))
+            except Exception as exc:  # a bug in this layer: still answer with a status, not a crash
+                log.exception("%s failed", method)
+                self._metrics.error(method, ERROR_INTERNAL)
+                context.abort(grpc.StatusCode.INTERNAL, f"{method}: {_exception_text(exc)}")
+            outcome.append(RESULT_OK if ok else RESULT_CLAIM_ERROR)
+            return response
 
-        return behavior
+
+class DRAPluginServicer:
+    """The ``DRAPlugin`` service of one API version (the messages of ``pb``), served by a shared :class:`DRAService`."""
+
+    def __init__(self, service: DRAService, pb: ModuleType) -> None:
+        self._service = service
+        self._pb = pb
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Message:
+        return self._service.call("NodePrepareResources", self._pb, self._service.prepare, request, context)
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Message:
+        return self._service.call("NodeUnprepareResources", self._pb, self._service.unprepare, request, context)
 
 
 @dataclass(frozen=True)
@@ -302,14 +326,12 @@ class RegistrationService:
 
     def __init__(
         self,
-        pb: ModuleType,
         driver_name: str,
         endpoint: str,
         supported_versions: list[str],
         metrics: PluginMetrics,
         on_status: Callable[[RegistrationStatus], None] | None = None,
     ) -> None:
-        self._pb = pb
         self._driver_name = driver_name
         self._endpoint = endpoint
         self._supported_versions = list(supported_versions)
@@ -330,9 +352,9 @@ class RegistrationService:
             self._cond.wait_for(lambda: self._status is not None, timeout)
             return self._status is not None and self._status.plugin_registered
 
-    def get_info(self, request: Any, context: grpc.ServicerContext) -> Message:
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Message:
         with _instrument(self._metrics, "GetInfo"):
-            info: Message = self._pb.PluginInfo(
+            info: Message = pluginregistration_v1_pb2.PluginInfo(
                 type=PLUGIN_TYPE,
                 name=self._driver_name,
                 endpoint=self._endpoint,
@@ -340,7 +362,7 @@ class RegistrationService:
             )
             return info
 
-    def notify_registration_status(self, request: Any, context: grpc.ServicerContext) -> Message:
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Message:
         method = "NotifyRegistrationStatus"
         with _instrument(self._metrics, method):
             status = RegistrationStatus(
@@ -360,11 +382,8 @@ class RegistrationService:
                 # like the Go helper, which returns an error (code Unknown) for a failed registration
                 context.abort(grpc.StatusCode.UNKNOWN, f"failed registration process: {status.error}")
             log.info("registered %s with the kubelet", self._driver_name)
-            response: Message = self._pb.RegistrationStatusResponse()
+            response: Message = pluginregistration_v1_pb2.RegistrationStatusResponse()
             return response
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        return rpc.service_handler(
-            rpc.service_descriptor(self._pb, REGISTRATION_SERVICE),
-            {"GetInfo": self.get_info, "NotifyRegistrationStatus": self.notify_registration_status},
-        )
+    def add_to_server(self, server: grpc.Server) -> None:
+        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self, server)
