@@ -35,10 +35,10 @@ from dra_driver.allocation.pools import (
     gather_pools,
     parse_slice,
 )
-from dra_driver.allocation.quantities import format_quantity
 from dra_driver.allocation.requests import MAX_RESULTS, ClaimData, RequestData
 from dra_driver.allocation.state import AllocatedState, DeviceKey, allocated_state
 from dra_driver.allocation.taints import blocking_taint
+from dra_driver.api.quantity import format_quantity
 from dra_driver.cel import CelCompileError, CelRuntimeError, compile_selector
 
 DEFAULT_MAX_STEPS = 200_000

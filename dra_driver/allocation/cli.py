@@ -73,8 +73,8 @@ def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def _simulate(args: argparse.Namespace, out: TextIO) -> int:
     from dra_driver.allocation.loader import InputError, load_objects
-    from dra_driver.allocation.quantities import QuantityError
     from dra_driver.allocation.simulate import simulate
+    from dra_driver.api.quantity import QuantityError
 
     try:
         if sum(1 for group in (args.slices, args.classes, args.claims, args.allocated) if "-" in group) > 1:

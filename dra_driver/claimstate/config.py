@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from dra_driver.cel.quantity import QuantityError, parse_quantity
+from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.slices.attributes import TYPE_GPU, TYPE_MIG
 
 CONFIG_GROUP = "gpu.resource.dra-driver.dev"
