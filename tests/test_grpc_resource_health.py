@@ -17,6 +17,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.plugin.grpc import PluginServer, health, protos
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.resource_health import (
@@ -31,7 +32,6 @@ from dra_driver.plugin.grpc.resource_health import (
 )
 from dra_driver.plugin.grpc.server import RESERVED_WORKERS, SUPPORTED_VERSIONS
 from dra_driver.plugin.types import ClaimRef, PrepareResult
-from dra_driver.slices.model import DeviceTaint
 from tests.kubelet_harness import KubeletHarness
 from tests.polling import wait_until
 from tests.test_grpc_plugin import FakePreparer, claim, gpu

@@ -9,12 +9,12 @@ import random
 import pynvml
 import pytest
 
+from dra_driver.api.slice import Device, DeviceTaint, ResourceSlice
 from dra_driver.nvml.discovery import discover
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile, Placement
 from dra_driver.slices import attributes as A
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.limits import limits_for, parse_minor
-from dra_driver.slices.model import Device, DeviceTaint, ResourceSlice
 from dra_driver.slices.naming import GpuRef, MigRef, mig_device_name, parse_device_name
 from tests.simhelpers import create_gi
 

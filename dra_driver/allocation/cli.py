@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from pydantic import ValidationError
 
+from dra_driver.api import GROUP, VERSION
 from dra_driver.cel.cli import GATES, parse_gates
 from dra_driver.cel.features import active, configure
 
@@ -107,7 +108,7 @@ def _from_cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[dict[str,
     objects = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
 
     def items(plural: str) -> list[dict[str, Any]]:
-        listed = cast(dict[str, Any], objects.list_cluster_custom_object("resource.k8s.io", "v1", plural))
+        listed = cast(dict[str, Any], objects.list_cluster_custom_object(GROUP, VERSION, plural))
         return list(listed["items"])
 
     claims = sorted(items("resourceclaims"), key=lambda c: c["metadata"].get("creationTimestamp", ""))

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pynvml
 
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.api.deviceclass import DeviceClass
 from dra_driver.cdi.devnodes import CharDevice, DevNodeError, gpu_nodes, mig_cap_nodes
 from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
 from dra_driver.cdi.spec import ContainerEdits, cdi_device_id, claim_spec
@@ -57,7 +59,7 @@ from dra_driver.nvml.mig import (
 )
 from dra_driver.plugin import features
 from dra_driver.plugin.catalog import CatalogEntry, build_catalog, conflicts
-from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
+from dra_driver.plugin.claims import ClaimSource, read_timeout
 from dra_driver.plugin.failures import ClaimFailure, FailureKind
 from dra_driver.plugin.selectors import SelectorCheck, check_selectors
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult

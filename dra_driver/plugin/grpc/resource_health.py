@@ -25,8 +25,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.plugin.grpc import protos, rpc
-from dra_driver.slices.model import DeviceTaint
 
 log = logging.getLogger(__name__)
 
