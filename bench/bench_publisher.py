@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client import CollectorRegistry
 
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.controller.metrics import PublisherMetrics
 from dra_driver.controller.publisher import Publisher
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
-from dra_driver.slices.model import DeviceTaint
 from tests.cluster.controlplane import ControlPlane
 from tests.test_publisher import Desired, api_client
 

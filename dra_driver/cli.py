@@ -14,6 +14,7 @@ from typing import Any
 
 from dra_driver import jsonlog
 from dra_driver.allocation.cli import add_subcommand as add_simulate_subcommand
+from dra_driver.api.slice import ResourceSlice
 from dra_driver.cel.cli import add_subcommand as add_cel_subcommand
 from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
 from dra_driver.nvml.discovery import DiscoveryError, discover
@@ -24,7 +25,6 @@ from dra_driver.simulator.source import open_source
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.devices import DEFAULT_MODE, parse_replicas
-from dra_driver.slices.model import ResourceSlice
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
 HEALTH_SOCKET_ENV = "DRA_DRIVER_HEALTH_SOCKET"  # `health --socket` default, for a daemon with another --plugin-dir

@@ -40,8 +40,8 @@ from dra_driver.sharing.mps_deployment import from_environment as mps_from_envir
 if TYPE_CHECKING:  # imported when the daemon serves (_run_served), not before
     from wsgiref.simple_server import WSGIServer
 
+    from dra_driver.api.slice import DeviceTaint, ResourceSlice
     from dra_driver.controller.nodeconfig import NodeConfigurator
-    from dra_driver.slices.model import DeviceTaint, ResourceSlice
 
 log = logging.getLogger(__name__)
 

@@ -314,6 +314,18 @@ def test_taints_and_tolerations() -> None:
     assert one([noexec], [ANY], claim("c", req("r", "any")))[0].allocation is None
 
 
+def test_a_mode_or_operator_of_a_newer_api_is_read_and_refused_as_the_scheduler_refuses_it() -> None:
+    """The models take any allocationMode and toleration operator (the plugin reads claims it does not allocate):
+    the allocator refuses a mode it does not know, and an operator it does not know tolerates nothing."""
+    s = rslice([dev("d0", taints=[{"key": "k", "value": "1", "effect": "NoSchedule"}]), dev("d1")])
+    with pytest.raises(AllocationError, match=r"^claim ns/c, request r: unsupported count mode Some$"):
+        Allocator([s], [ANY]).allocate([claim("c", req("r", "any", None, allocationMode="Some"))], "node-a")
+    (greater,) = one([s], [ANY], claim("c", req("r", "any", 2, tolerations=[{"key": "k", "operator": "Gt"}])))
+    assert greater.allocation is None
+    (empty,) = one([s], [ANY], claim("c", req("r", "any", 2, tolerations=[{"operator": "", "value": "1"}])))
+    assert devices_of(empty.allocation) == ["d0", "d1"]  # an empty operator is Equal
+
+
 def test_admin_access_may_use_allocated_devices() -> None:
     s = rslice([dev("d0"), dev("d1")])
     taken = {

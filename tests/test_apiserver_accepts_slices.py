@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 import pytest
 
+from dra_driver.api.slice import DeviceTaint, ResourceSlice
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
-from dra_driver.slices.model import DeviceTaint, ResourceSlice
 from tests.cluster.controlplane import ControlPlane
 
 NODE = "slice-test-node"

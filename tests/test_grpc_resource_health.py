@@ -17,6 +17,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.claimstate.context import NO_DEADLINE, CallContext
 from dra_driver.plugin.grpc import PluginServer, health
 from dra_driver.plugin.grpc.generated import dra_health_v1alpha1_pb2
@@ -33,7 +34,6 @@ from dra_driver.plugin.grpc.resource_health import (
 )
 from dra_driver.plugin.grpc.server import RESERVED_WORKERS, SUPPORTED_VERSIONS
 from dra_driver.plugin.types import ClaimRef, PrepareResult
-from dra_driver.slices.model import DeviceTaint
 from tests.kubelet_harness import KubeletHarness
 from tests.polling import wait_until
 from tests.test_grpc_plugin import FakePreparer, claim, gpu

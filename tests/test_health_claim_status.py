@@ -10,15 +10,16 @@ from typing import Any
 import pynvml
 import pytest
 
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.health.claim_status import CONDITION_TYPE, FIELD_MANAGER, ClaimStatusReporter, device_condition
 from dra_driver.health.monitor import HealthMonitor
 from dra_driver.kube import ApiError
-from dra_driver.plugin.claims import KubeClaimSource, ResourceClaim
+from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
-from dra_driver.slices.model import DeviceTaint
 from tests.plugin_helpers import DRIVER, GPU_CLASS, claim
 from tests.polling import wait_for
 from tests.test_plugin_apiserver import _create

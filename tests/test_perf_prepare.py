@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.api.deviceclass import DeviceClass
 from dra_driver.claimstate import checkpoint as checkpoint_module
 from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState, MpsRecord
 from dra_driver.claimstate.context import CallContext
 from dra_driver.plugin import driver as driver_module
-from dra_driver.plugin.claims import DeviceClass, KubeClaimSource, ResourceClaim
+from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.class_cache import CachedClassSource, DeviceClassCache, KubeClassWatch
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.failures import FailureKind

@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.api.deviceclass import DeviceClass
 from dra_driver.cdi.spec import spec_file_name
 from dra_driver.claimstate.context import CallContext
-from dra_driver.plugin.claims import API_TIMEOUT_S, DeviceClass, KubeClaimSource, ResourceClaim, StaticClaimSource
+from dra_driver.plugin.claims import API_TIMEOUT_S, KubeClaimSource, StaticClaimSource
 from dra_driver.plugin.driver import Driver
 from dra_driver.plugin.failures import FailureKind
 from dra_driver.plugin.grpc import PluginServer

@@ -430,11 +430,11 @@ def test_a_reboot_forgets_prepared_claims(node: Node) -> None:
 
 
 def test_class_then_claim_config_precedence(node: Node) -> None:
+    from dra_driver.api.claim import DeviceAllocationConfiguration
     from dra_driver.claimstate.config import resolve
-    from dra_driver.plugin.claims import AllocatedConfig
 
-    def cfg(source: str, interval: str, requests: list[str] | None = None) -> AllocatedConfig:
-        return AllocatedConfig.model_validate(
+    def cfg(source: str, interval: str, requests: list[str] | None = None) -> DeviceAllocationConfiguration:
+        return DeviceAllocationConfiguration.model_validate(
             {
                 "source": source,
                 "requests": requests or [],
@@ -468,15 +468,17 @@ def _gpu_config(kind: str = "GpuConfig", requests: list[str] | None = None, shar
 def test_a_claim_wide_config_applies_to_its_own_kind_of_device_only(node: Node) -> None:
     """NVIDIA's precedence: a config without requests configures the devices of its kind; a claim with a whole
     GPU and a MIG partition and one claim-wide GpuConfig is prepared, the GpuConfig on the GPU only."""
+    from dra_driver.api.claim import DeviceAllocationConfiguration
     from dra_driver.claimstate.config import resolve
-    from dra_driver.plugin.claims import AllocatedConfig
 
     time_slicing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
-    configs = [AllocatedConfig.model_validate(_gpu_config(sharing=time_slicing))]
+    configs = [DeviceAllocationConfiguration.model_validate(_gpu_config(sharing=time_slicing))]
     assert resolve(configs, DRIVER, "r1", "mig") is None
     chosen = resolve(configs, DRIVER, "r0", "gpu")
     assert chosen is not None and chosen.kind == "GpuConfig"
-    mig_wide = [AllocatedConfig.model_validate(_gpu_config("MigDeviceConfig", sharing={"strategy": "MPS"}))]
+    mig_wide = [
+        DeviceAllocationConfiguration.model_validate(_gpu_config("MigDeviceConfig", sharing={"strategy": "MPS"}))
+    ]
     assert resolve(mig_wide, DRIVER, "r0", "gpu") is None
 
     c = claim(["gpu-1", "gpu-0-mig-1g10gb-19-0"], config=[_gpu_config()])

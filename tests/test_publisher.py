@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from dra_driver.api.slice import DeviceTaint, ResourceSlice
 from dra_driver.controller import publisher as publisher_module
 from dra_driver.controller.metrics import PublisherMetrics
 from dra_driver.controller.publisher import Publisher
@@ -18,7 +19,6 @@ from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import build_slices
-from dra_driver.slices.model import DeviceTaint, ResourceSlice
 from tests.polling import wait_for
 
 

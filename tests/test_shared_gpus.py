@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from dra_driver.allocation.simulate import simulate
+from dra_driver.api.slice import CapacityRequestPolicy, DeviceCapacity
 from dra_driver.nvml.discovery import discover
 from dra_driver.plugin.failures import FailureKind
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
-from dra_driver.slices.model import CapacityRequestPolicy, DeviceCapacity
 from tests.plugin_helpers import GPU_CLASS, Node, ref
 
 

@@ -9,14 +9,13 @@ import random
 import pynvml
 import pytest
 
+from dra_driver.api.slice import Device, DeviceTaint, ResourceSlice
 from dra_driver.nvml.discovery import discover
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile, Placement
 from dra_driver.slices import attributes as A
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
 from dra_driver.slices.limits import limits_for, parse_minor
-from dra_driver.slices.model import Device, DeviceTaint, ResourceSlice
 from dra_driver.slices.naming import GpuRef, MigRef, mig_device_name, parse_device_name
-from dra_driver.slices.quantity import binary_quantity
 from tests.simhelpers import create_gi
 
 
@@ -353,11 +352,3 @@ def test_version_parsing(version: str, minor: int) -> None:
 def test_unsupported_versions_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match=r"not supported|invalid Kubernetes version"):
         limits_for(bad)
-
-
-@pytest.mark.parametrize(
-    ("n", "q"),
-    [(0, "0"), (1023, "1023"), (1024, "1Ki"), (81559 << 20, "81559Mi"), (140 << 30, "140Gi"), (1536, "1536")],
-)
-def test_binary_quantity(n: int, q: str) -> None:
-    assert binary_quantity(n) == q

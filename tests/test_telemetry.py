@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.plugin.claims import KubeClaimSource, ResourceClaim
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.cel.errors import EvalError
-from dra_driver.cel.quantity import QuantityError, parse_quantity
 from dra_driver.cel.semver import Semver
 from dra_driver.claimstate.config import ConfigError, pinned_limit_mib
 from dra_driver.nvml.migprofile import parse_profile_name

@@ -18,14 +18,6 @@ from typing import Any
 from dra_driver.allocation.capacity import CapacityMismatch, consumed_capacity
 from dra_driver.allocation.constraints import Constraint
 from dra_driver.allocation.counters import CounterLedger
-from dra_driver.allocation.model import (
-    AllocationResult,
-    DeviceAllocationConfiguration,
-    DeviceClass,
-    DeviceRequestAllocationResult,
-    DeviceSelector,
-    ResourceClaim,
-)
 from dra_driver.allocation.pools import (
     Node,
     ParsedSlice,
@@ -35,10 +27,17 @@ from dra_driver.allocation.pools import (
     gather_pools,
     parse_slice,
 )
-from dra_driver.allocation.quantities import format_quantity
 from dra_driver.allocation.requests import MAX_RESULTS, ClaimData, RequestData
 from dra_driver.allocation.state import AllocatedState, DeviceKey, allocated_state
 from dra_driver.allocation.taints import blocking_taint
+from dra_driver.api.claim import (
+    AllocationResult,
+    DeviceAllocationConfiguration,
+    DeviceRequestAllocationResult,
+    ResourceClaim,
+)
+from dra_driver.api.deviceclass import DeviceClass, DeviceSelector
+from dra_driver.api.quantity import format_quantity
 from dra_driver.cel import CelCompileError, CelRuntimeError, compile_selector
 
 DEFAULT_MAX_STEPS = 200_000
@@ -163,6 +162,8 @@ class Allocator:
         if spec.allocation_mode == "ExactCount":
             data.num_devices = spec.wanted
             return data
+        if spec.allocation_mode != "All":
+            raise AllocationError(f"claim {claim.key}, request {shown}: unsupported count mode {spec.allocation_mode}")
         data.all_devices = []
         for pool in pools:
             if pool.incomplete:

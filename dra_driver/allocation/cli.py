@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from pydantic import ValidationError
 
+from dra_driver.api import GROUP, VERSION
 from dra_driver.cel.cli import GATES, parse_gates
 from dra_driver.cel.features import active, configure
 
@@ -73,8 +74,8 @@ def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def _simulate(args: argparse.Namespace, out: TextIO) -> int:
     from dra_driver.allocation.loader import InputError, load_objects
-    from dra_driver.allocation.quantities import QuantityError
     from dra_driver.allocation.simulate import simulate
+    from dra_driver.api.quantity import QuantityError
 
     try:
         if sum(1 for group in (args.slices, args.classes, args.claims, args.allocated) if "-" in group) > 1:
@@ -107,7 +108,7 @@ def _from_cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[dict[str,
     objects = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
 
     def items(plural: str) -> list[dict[str, Any]]:
-        listed = cast(dict[str, Any], objects.list_cluster_custom_object("resource.k8s.io", "v1", plural))
+        listed = cast(dict[str, Any], objects.list_cluster_custom_object(GROUP, VERSION, plural))
         return list(listed["items"])
 
     claims = sorted(items("resourceclaims"), key=lambda c: c["metadata"].get("creationTimestamp", ""))

@@ -15,10 +15,10 @@ from pydantic import BaseModel, Field
 
 from dra_driver.allocation.allocator import AllocationError, Allocator, _Search, selectors_match
 from dra_driver.allocation.capacity import CapacityMismatch
-from dra_driver.allocation.model import DeviceRequest, ResourceClaim
 from dra_driver.allocation.pools import Node, PoolDevice, device_visible
 from dra_driver.allocation.requests import RequestData
 from dra_driver.allocation.taints import blocking_taint, describe_taint
+from dra_driver.api.claim import DeviceRequest, ResourceClaim
 
 
 class SelectorRejection(BaseModel):

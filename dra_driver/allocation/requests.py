@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dra_driver.allocation.model import DeviceClass, DeviceSubRequest, ResourceClaim
 from dra_driver.allocation.pools import PoolDevice
+from dra_driver.api.claim import DeviceSubRequest, ResourceClaim
+from dra_driver.api.deviceclass import DeviceClass
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
 

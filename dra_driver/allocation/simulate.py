@@ -20,8 +20,9 @@ from pydantic import BaseModel, Field
 
 from dra_driver.allocation.allocator import DEFAULT_MAX_STEPS, AllocationError, Allocator, _Search, as_node
 from dra_driver.allocation.explain import ClaimExplanation, explain
-from dra_driver.allocation.model import AllocationResult, DeviceClass, DeviceSelector, ResourceClaim
 from dra_driver.allocation.pools import Node
+from dra_driver.api.claim import AllocationResult, ResourceClaim
+from dra_driver.api.deviceclass import DeviceClass, DeviceSelector
 from dra_driver.cel.estimate import check_new_selector
 
 
@@ -90,15 +91,17 @@ def simulate(
 ) -> SimulationReport:
     raw_claims, classes = list(claims), list(classes)
     parsed = [ResourceClaim.model_validate(c) for c in raw_claims]
-    existing = [c.model_dump(by_alias=True) for c in parsed if c.status.get("allocation")]
+    # A claim's allocation as its file or the cluster has it (fields this driver does not model included)
+    given = [(c.get("status") or {}).get("allocation") for c in raw_claims]
+    existing = [c for c, allocation in zip(raw_claims, given, strict=True) if allocation]
     alloc = Allocator(slices, classes, [*allocated, *existing], share_id=share_id, max_steps=max_steps)
     nodes = _nodes(alloc, node)
     refused_classes = _refused_classes(classes) if check_new else {}
     outcomes: dict[int, ClaimOutcome] = {}
     pending: list[tuple[int, ResourceClaim]] = []
     for i, claim in enumerate(parsed):
-        if claim.status.get("allocation"):
-            outcomes[i] = ClaimOutcome(claim=claim.key, allocation=claim.status["allocation"], preexisting=True)
+        if given[i]:
+            outcomes[i] = ClaimOutcome(claim=claim.key, allocation=given[i], preexisting=True)
         elif check_new and (refused := _refused_claim(claim, raw_claims[i], refused_classes)):
             outcomes[i] = ClaimOutcome(claim=claim.key, refused=refused)
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dra_driver.allocation.model import Toleration
+from dra_driver.api.claim import Toleration
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -17,7 +17,9 @@ def tolerates(toleration: Toleration, taint: dict[str, Any]) -> bool:
         return False
     if toleration.operator == "Exists":
         return True  # an empty key with Exists tolerates every taint
-    return toleration.value == str(taint.get("value", ""))
+    if toleration.operator in ("Equal", ""):
+        return toleration.value == str(taint.get("value", ""))
+    return False  # an operator of a newer API
 
 
 def blocking_taint(taints: Sequence[dict[str, Any]], tolerations: Sequence[Toleration]) -> dict[str, Any] | None:

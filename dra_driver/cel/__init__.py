@@ -22,8 +22,8 @@ if TYPE_CHECKING:
         expression_length_error,
     )
 
-# Each name loads its module at first use (PEP 562): importing a light module of this package (quantity, features,
-# cli) must not load the whole environment, a third of the node daemon's start-up.
+# Each name loads its module at first use (PEP 562): importing a light module of this package (features, cli: the
+# argument parsers of `dra-driver`) must not load the whole environment, a third of the node daemon's start-up.
 _HOMES = {
     "CelDevice": "device",
     "CelCompileError": "errors",

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
-from dra_driver.cel.quantity import Quantity, QuantityError, parse_quantity
+from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
 from dra_driver.cel.semver import Semver, parse_semver
 from dra_driver.cel.types import (

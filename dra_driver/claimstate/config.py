@@ -1,14 +1,10 @@
-"""Opaque device configuration of this driver: strict decoding and class-then-claim precedence.
-
-`resolve` takes a claim's allocated config entries by their shape (`AllocatedEntry`), not as the plugin's
-ResourceClaim models: this module sits below the plugin, which reads claims from the API server.
-"""
+"""Opaque device configuration of this driver: strict decoding and class-then-claim precedence."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Final, Literal, Protocol
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,7 +18,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from dra_driver.cel.quantity import QuantityError, parse_quantity
+from dra_driver.api.claim import DeviceAllocationConfiguration
+from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.slices.attributes import TYPE_GPU, TYPE_MIG
 
 CONFIG_GROUP = "gpu.resource.dra-driver.dev"
@@ -31,26 +28,6 @@ CONFIG_API_VERSION = f"{CONFIG_GROUP}/v1alpha1"
 
 class ConfigError(ValueError):
     pass
-
-
-class OpaqueEntry(Protocol):
-    """The opaque part of an allocated config entry (`dra_driver.plugin.claims.OpaqueConfig`)."""
-
-    @property
-    def driver(self) -> str: ...
-    @property
-    def parameters(self) -> dict[str, Any]: ...
-
-
-class AllocatedEntry(Protocol):
-    """An entry of a claim's status.allocation.devices.config (`dra_driver.plugin.claims.AllocatedConfig`)."""
-
-    @property
-    def source(self) -> str: ...  # FromClass | FromClaim
-    @property
-    def requests(self) -> Sequence[str]: ...
-    @property
-    def opaque(self) -> OpaqueEntry | None: ...
 
 
 # MPS takes pinned limits in whole MiB, and no GPU has more than 1 TiB of memory: anything outside would only
@@ -180,7 +157,7 @@ def _problem(err: ErrorDetails) -> str:
 
 
 def resolve(
-    configs: Sequence[AllocatedEntry], driver: str, request: str, device_type: str
+    configs: Sequence[DeviceAllocationConfiguration], driver: str, request: str, device_type: str
 ) -> GpuConfig | MigDeviceConfig | None:
     """The config for one allocated device: class configs, then claim configs (the allocation lists them in
     that order already; sorted stably to be sure), the last one that applies wins.

@@ -22,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from dra_driver.api import GROUP, VERSION
+from dra_driver.api.slice import ResourceSlice
 from dra_driver.controller.metrics import PublisherMetrics
 from dra_driver.kube.rest import ApiError, Watch, as_rest, path_of
-from dra_driver.slices.model import ResourceSlice
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
+PLURAL = "resourceslices"
 WATCH_SECONDS = 30  # the server ends each watch after this
 RESYNC_WINDOWS = 10  # every 10th window starts from the current state: a full reconcile every 5 minutes
 SliceSource = Callable[[int, str | None], list[ResourceSlice]]  # (generation, node uid) -> desired slices

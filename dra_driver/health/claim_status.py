@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dra_driver.api import API_VERSION
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.claimstate.checkpoint import ClaimEntry, ClaimState
 from dra_driver.health.monitor import api_time_now
-from dra_driver.plugin.claims import RESOURCE_GROUP, RESOURCE_VERSION, ResourceClaim
-from dra_driver.slices.model import DeviceTaint
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class ClaimStatusReporter:
             since = before.last_transition_time if before is not None and before.status == c.status else ""
             written[key] = Condition(c.status, c.reason, c.message, since or now)
         body = {
-            "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+            "apiVersion": API_VERSION,
             "kind": "ResourceClaim",
             "metadata": {"name": entry.name, "namespace": entry.namespace, "uid": entry.uid},
             "status": {"devices": [self._entry(k, c) for k, c in sorted(written.items(), key=lambda kv: str(kv[0]))]},

@@ -43,10 +43,10 @@ from typing import Any, Literal, Protocol
 
 import pynvml
 
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.nvml.api import NvmlLibrary, as_text, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory
 from dra_driver.plugin.catalog import CatalogEntry, conflicts
-from dra_driver.slices.model import DeviceTaint
 from dra_driver.slices.naming import gpu_device_name
 
 log = logging.getLogger(__name__)

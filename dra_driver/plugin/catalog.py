@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dra_driver.api.slice import Device
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
 from dra_driver.slices.devices import PublishMode, gpu_devices
-from dra_driver.slices.model import Device
 from dra_driver.slices.naming import MigRef, parse_device_name
 
 if TYPE_CHECKING:

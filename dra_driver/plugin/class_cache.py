@@ -15,9 +15,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from dra_driver.api import GROUP, VERSION
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.api.deviceclass import DeviceClass
 from dra_driver.kube import listwatch
 from dra_driver.kube.rest import as_rest, path_of
-from dra_driver.plugin.claims import RESOURCE_GROUP, RESOURCE_VERSION, ClaimSource, DeviceClass, ResourceClaim
+from dra_driver.plugin.claims import ClaimSource
 
 WATCH_SECONDS = 300  # each watch ends after this; the next round relists (the resync)
 LIST_TIMEOUT_S = 10.0
@@ -42,7 +45,7 @@ class KubeClassWatch:
     def __init__(self, api: Any, watch_seconds: int = WATCH_SECONDS) -> None:
         self._rest = as_rest(api)
         self._seconds = watch_seconds
-        self._path = path_of(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses")
+        self._path = path_of(GROUP, VERSION, "deviceclasses")
 
     def list(self) -> tuple[list[dict[str, Any]], str]:
         return listwatch.list_at(self._rest, self._path, LIST_TIMEOUT_S)

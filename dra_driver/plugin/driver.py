@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dra_driver.api.claim import ResourceClaim
+from dra_driver.api.deviceclass import DeviceClass
 from dra_driver.cdi.devnodes import DevNodeError, gpu_nodes
 from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
 from dra_driver.cdi.spec import ContainerEdits, cdi_device_id
@@ -38,7 +40,7 @@ from dra_driver.nvml.discovery import discover
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.plugin import features, machine
 from dra_driver.plugin.catalog import build_catalog, conflicts
-from dra_driver.plugin.claims import ClaimSource, DeviceClass, ResourceClaim, read_timeout
+from dra_driver.plugin.claims import ClaimSource, read_timeout
 from dra_driver.plugin.failures import (
     ClaimFailure,
     FailureKind,

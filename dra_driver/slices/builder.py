@@ -5,20 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from dra_driver.api.meta import ObjectMeta, OwnerReference
+from dra_driver.api.slice import CounterSet, Device, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.devices import GpuDevices, PublishMode, check_replicas, gpu_devices
 from dra_driver.slices.limits import SliceLimits, limits_for
-from dra_driver.slices.model import (
-    CounterSet,
-    Device,
-    DeviceTaint,
-    ObjectMeta,
-    OwnerReference,
-    ResourcePool,
-    ResourceSlice,
-    ResourceSliceSpec,
-)
 from dra_driver.slices.validation import SliceLimitError, validate_pool
 
 __all__ = ["PublishMode", "SliceLimitError", "build_slices"]

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
-from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
-from dra_driver.slices import attributes as A
-from dra_driver.slices.counters import counter_totals, memory_slice_count, profile_capacities
-from dra_driver.slices.model import (
+from dra_driver.api.quantity import binary_quantity, count_quantity
+from dra_driver.api.slice import (
     CapacityRange,
     CapacityRequestPolicy,
     Counter,
@@ -20,8 +18,10 @@ from dra_driver.slices.model import (
     DeviceCapacity,
     DeviceCounterConsumption,
 )
+from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
+from dra_driver.slices import attributes as A
+from dra_driver.slices.counters import counter_totals, memory_slice_count, profile_capacities
 from dra_driver.slices.naming import counter_set_name, gpu_device_name, mig_device_name
-from dra_driver.slices.quantity import binary_quantity, count_quantity
 
 log = logging.getLogger(__name__)
 

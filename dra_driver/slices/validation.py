@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from dra_driver.api.slice import Device, ResourceSlice
 from dra_driver.slices.limits import (
     DEVICE_NAME_MAX_LENGTH,
     DRIVER_NAME_MAX_LENGTH,
@@ -15,7 +16,6 @@ from dra_driver.slices.limits import (
     QUALIFIED_ID_MAX_LENGTH,
     SliceLimits,
 )
-from dra_driver.slices.model import Device, ResourceSlice
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")

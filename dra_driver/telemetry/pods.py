@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dra_driver.plugin.claims import ResourceClaim
+from dra_driver.api.claim import ResourceClaim
 
 log = logging.getLogger(__name__)
 

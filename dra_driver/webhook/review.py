@@ -13,10 +13,10 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_driver.api import GROUP
 from dra_driver.claimstate.config import ConfigError, decode
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
-GROUP: Final = "resource.k8s.io"
 VERSIONS: Final = ("v1", "v1beta1", "v1beta2")
 # Where each kind keeps its ResourceClaimSpec. `devices.config[]` ({requests, opaque {driver, parameters}}) has the
 # same layout in all three versions; only the requests differ (v1beta1 inlines what v1beta2 and v1 put in `exactly`).

@@ -25,9 +25,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from dra_driver.api.slice import DeviceTaint
 from dra_driver.plugin.grpc.generated import dra_health_v1alpha1_pb2 as pb
 from dra_driver.plugin.grpc.generated import dra_health_v1alpha1_pb2_grpc as pb_grpc
-from dra_driver.slices.model import DeviceTaint
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,19 @@
-"""resource.k8s.io/v1 ResourceSlice, as far as this driver writes it. Dumps to the API's JSON shape."""
+"""ResourceSlice, as far as this driver writes it. Dumps to the API's JSON shape."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
 
-API_VERSION = "resource.k8s.io/v1"
+from dra_driver.api import API_VERSION
+from dra_driver.api.meta import ApiModel, ObjectMeta
 
 
-class _ApiModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+class _Written(ApiModel):
+    # Only built here, never read: an unknown field is a mistake of the builder (ObjectMeta, which claims and
+    # classes share, is lenient).
+    model_config = ConfigDict(extra="forbid")
 
     def to_api(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
@@ -21,7 +23,7 @@ class _ApiModel(BaseModel):
         return self.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
-class DeviceAttribute(_ApiModel):
+class DeviceAttribute(_Written):
     int_: int | None = Field(default=None, alias="int")
     bool_: bool | None = Field(default=None, alias="bool")
     string: str | None = None
@@ -34,44 +36,44 @@ class DeviceAttribute(_ApiModel):
         raise ValueError("empty attribute")
 
 
-class CapacityRange(_ApiModel):
+class CapacityRange(_Written):
     min: str
     max: str | None = None
     step: str | None = None
 
 
-class CapacityRequestPolicy(_ApiModel):
+class CapacityRequestPolicy(_Written):
     default: str | None = None
     valid_range: CapacityRange | None = None
 
 
-class DeviceCapacity(_ApiModel):
+class DeviceCapacity(_Written):
     value: str
     request_policy: CapacityRequestPolicy | None = None  # only with allowMultipleAllocations (consumable capacity)
 
 
-class Counter(_ApiModel):
+class Counter(_Written):
     value: str
 
 
-class CounterSet(_ApiModel):
+class CounterSet(_Written):
     name: str
     counters: dict[str, Counter]
 
 
-class DeviceCounterConsumption(_ApiModel):
+class DeviceCounterConsumption(_Written):
     counter_set: str
     counters: dict[str, Counter]
 
 
-class DeviceTaint(_ApiModel):
+class DeviceTaint(_Written):
     key: str
     value: str | None = None
     effect: Literal["None", "NoSchedule", "NoExecute"]
     time_added: str | None = None
 
 
-class Device(_ApiModel):
+class Device(_Written):
     name: str
     attributes: dict[str, DeviceAttribute] = {}
     capacity: dict[str, DeviceCapacity] = {}
@@ -80,28 +82,13 @@ class Device(_ApiModel):
     allow_multiple_allocations: bool | None = None
 
 
-class ResourcePool(_ApiModel):
+class ResourcePool(_Written):
     name: str
     generation: int
     resource_slice_count: int
 
 
-class OwnerReference(_ApiModel):
-    api_version: str
-    kind: str
-    name: str
-    uid: str
-    controller: bool | None = None
-
-
-class ObjectMeta(_ApiModel):
-    name: str
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
-    owner_references: list[OwnerReference] | None = None
-
-
-class ResourceSliceSpec(_ApiModel):
+class ResourceSliceSpec(_Written):
     driver: str
     pool: ResourcePool
     node_name: str | None = None
@@ -109,8 +96,8 @@ class ResourceSliceSpec(_ApiModel):
     shared_counters: list[CounterSet] | None = None
 
 
-class ResourceSlice(_ApiModel):
-    api_version: Literal["resource.k8s.io/v1"] = "resource.k8s.io/v1"
+class ResourceSlice(_Written):
+    api_version: Literal["resource.k8s.io/v1"] = API_VERSION
     kind: Literal["ResourceSlice"] = "ResourceSlice"
     metadata: ObjectMeta
     spec: ResourceSliceSpec
