@@ -108,3 +108,21 @@ def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_
     problems = logs.problems()
     assert len(problems) == 2, problems
     assert "ERROR: server exited" in problems[0] and "DeadlineExceeded" in problems[1]
+
+
+def test_the_keeper_never_recreates_a_removed_work_dir(tmp_path: Path) -> None:
+    """`up --real-node` removes the node's work dir, where the kept logs live, while the keeper may still run: it must
+    not put the directory back (CI found `/tmp/dn-*/dra-driver-*/kept-logs/...` left behind)."""
+    pod_logs, kubelet = tmp_path / "pod-logs", tmp_path / "kubelet.log"
+    pod_logs.mkdir()
+    kubelet.write_text("")
+    work = tmp_path / "work"
+    logs = DriverLogs(pod_logs, kubelet, "drv", keep=work / "release" / "kept-logs", words=["x"], interval=0.05)
+    logs.start()
+    shutil.rmtree(work)  # the node stops first
+    container = pod_logs / "drv_driver-abc_uid1" / "plugin"
+    container.mkdir(parents=True)
+    (container / "0.log").write_text(jline("INFO", "a log that appears after the work dir went"))
+    time.sleep(0.3)
+    logs.stop()
+    assert not work.exists()

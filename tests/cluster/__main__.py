@@ -127,6 +127,7 @@ def _up_real_node(args: argparse.Namespace, signals: _Signals) -> int:
         work_dir=args.work_dir, keep_work_dir=args.keep, service_accounts=True, controllers=NODE_CONTROLLERS
     )
     node: Node | None = None
+    release: DriverRelease | None = None
     try:
         _log("building (or finding cached) the control-plane and node binaries, the images and helm ...")
         ensure_binaries()
@@ -176,6 +177,8 @@ def _up_real_node(args: argparse.Namespace, signals: _Signals) -> int:
         return 1
     finally:
         signals.tearing_down()
+        if release is not None:
+            release.log.stop()  # before the node's work dir, where it keeps the logs, goes
         if node is not None:
             with contextlib.suppress(Exception):
                 node.stop()

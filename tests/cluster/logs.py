@@ -103,7 +103,13 @@ class DriverLogs:
                 kept = self._keep / path.relative_to(self._pod_logs)
                 if kept.exists():
                     continue
-                kept.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    # below `keep` only: a keeper still running while the node's work dir is removed must not put
+                    # the directory back (FileNotFoundError here is that removal)
+                    kept.parent.parent.mkdir(exist_ok=True)
+                    kept.parent.mkdir(exist_ok=True)
+                except FileNotFoundError:
+                    return
                 try:
                     os.link(path, kept)
                 except (FileNotFoundError, FileExistsError):  # deleted (or rotated) between the glob and the link
