@@ -353,3 +353,53 @@ def test_a_sharing_command_that_hangs_ends_at_the_deadline_and_the_prepare_is_un
     assert (
         d.checkpoint.claims == {} and SharingState(node.sim.state_dir).timeslice(entry.devices[0].sharing.gpu_uuid) == 0
     )
+
+
+def test_an_mps_stop_waits_until_the_calls_deadline_less_the_answer_margin_and_no_longer(tmp_path: Path) -> None:
+    """Every MPS launcher takes the caller's own deadline and measures it with `time_left` (as the daemon-set
+    launcher's API calls do): the stop's wait ends with the answer margin kept once, not twice, and at most
+    MPS_STOP_TIMEOUT_S from now."""
+    from dra_driver.claimstate.context import DEADLINE_MARGIN_S, time_left
+    from dra_driver.sharing import CommandResult, SharingManager
+    from dra_driver.sharing.manager import MPS_STOP_TIMEOUT_S
+    from dra_driver.sharing.mps_launch import LocalMps
+
+    class Recording:
+        def __init__(self) -> None:
+            self.timeouts: list[float | None] = []
+
+        def run(self, argv: list[str], *, env: Any = None, input: Any = None, timeout: Any = None) -> CommandResult:
+            self.timeouts.append(timeout)
+            return CommandResult(list(argv), 0, "", "")
+
+    class RecordingLauncher(LocalMps):
+        def __init__(self, runner: Recording) -> None:
+            super().__init__(runner)
+            self.waits: list[float | None] = []
+
+        def stop(self, claim_uid: str, mps_dir: Path, deadline: float | None = None) -> None:
+            self.waits.append(None if deadline is None else time_left(deadline))
+            super().stop(claim_uid, mps_dir, deadline)
+
+    runner = Recording()
+    launcher = RecordingLauncher(runner)
+    manager = SharingManager(runner, tmp_path / "plugin", mps=launcher)
+    directory = tmp_path / "plugin" / "mps" / "uid-1"
+    for seconds_to_deadline, waited in ((10.0, 10.0 - DEADLINE_MARGIN_S), (300.0, MPS_STOP_TIMEOUT_S)):
+        runner.timeouts.clear()
+        launcher.waits.clear()
+        (directory / "pipe").mkdir(parents=True, exist_ok=True)
+        manager._stop_mps("uid-1", directory, CallContext(time.monotonic() + seconds_to_deadline))
+        for measured in (*launcher.waits, *runner.timeouts):
+            assert measured is not None and waited - 0.2 < measured <= waited, (seconds_to_deadline, measured)
+        assert len(runner.timeouts) == 1
+
+
+def test_a_deadline_within_a_limit_is_the_callers_when_nearer(tmp_path: Path) -> None:
+    from dra_driver.claimstate.context import NO_DEADLINE, time_left
+
+    near = CallContext(time.monotonic() + 5)
+    assert near.deadline_within(40) == near.deadline
+    far = CallContext(time.monotonic() + 500)
+    assert 39.8 < time_left(far.deadline_within(40)) <= 40
+    assert 39.8 < time_left(NO_DEADLINE.deadline_within(40)) <= 40

@@ -64,5 +64,11 @@ class CallContext:
         """`limit`, shortened to what is left of the call (never negative)."""
         return max(0.0, min(limit, self.time_left()))
 
+    def deadline_within(self, limit: float) -> float:
+        """A deadline like the caller's (the answer margin not yet taken off), at most `limit` seconds of work from
+        now: for waits that take a deadline and measure it with `time_left`, as every waiter does."""
+        capped = time.monotonic() + limit + DEADLINE_MARGIN_S
+        return capped if self.deadline is None else min(self.deadline, capped)
+
 
 NO_DEADLINE = CallContext(request_id="internal")

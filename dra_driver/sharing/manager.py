@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,7 +257,7 @@ class SharingManager:
 
     def _stop_mps(self, claim_uid: str, directory: Path, call: CallContext = NO_DEADLINE) -> None:
         """Stop the claim's daemon (it is gone when this returns), unmount the shm tmpfs, remove the directory."""
-        self.mps.stop(claim_uid, directory, time.monotonic() + call.timeout(MPS_STOP_TIMEOUT_S))
+        self.mps.stop(claim_uid, directory, call.deadline_within(MPS_STOP_TIMEOUT_S))
         try:
             tmpfs.unmount(directory / "shm")  # mounted or not, whatever was recorded: mountinfo says
         except TmpfsError as e:

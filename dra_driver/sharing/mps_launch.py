@@ -11,11 +11,11 @@ removes (with the tmpfs on shm), and give containers the same edits (`container_
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Protocol
 
 from dra_driver.cdi.spec import ContainerEdits, Mount
+from dra_driver.claimstate.context import time_left
 from dra_driver.sharing.mps import CONTAINER_PIPE_DIR, CONTROL, MpsControl
 from dra_driver.sharing.mps_control_daemon import MpsSettings
 from dra_driver.sharing.nvsmi import SharingError
@@ -29,7 +29,8 @@ class MpsLauncher(Protocol):
         self, claim_uid: str, mps_dir: Path, uuids: list[str], settings: MpsSettings, deadline: float | None = None
     ) -> None:
         """Start the claim's daemon for `uuids` (CUDA_VISIBLE_DEVICES order) with `settings`, and return once it
-        answers; SharingError (MpsDaemonError) otherwise. `deadline`: time.monotonic(), None for a default."""
+        answers; SharingError (MpsDaemonError) otherwise. `deadline`: when the caller gives up (time.monotonic(),
+        the answer margin not taken off: waits measure it with `time_left`), None for a default."""
         ...
 
     def stop(self, claim_uid: str, mps_dir: Path, deadline: float | None = None) -> None:
@@ -57,7 +58,7 @@ class LocalMps:
         if not (mps_dir / "pipe").is_dir():
             return
         try:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            timeout = None if deadline is None else max(0.0, time_left(deadline))
             result = self.runner.run([CONTROL], env=MpsControl.env(mps_dir), input="quit\n", timeout=timeout)
         except OSError as e:
             raise SharingError(f"{CONTROL}: {e}") from e
