@@ -95,3 +95,25 @@ def test_bad_input_exits_1(files: dict[str, Path], tmp_path: Path, capsys: pytes
         ]
     )
     assert code == 1
+
+
+def test_device_taint_rules_from_files_taint_the_devices_they_select(files: dict[str, Path], tmp_path: Path) -> None:
+    files["claims"].write_text(yaml.safe_dump(claim("a", req("r", "any"))))
+    base = ["simulate", "--slices", str(files["slices"]), "--classes", str(files["classes"])]
+    base += ["--claims", str(files["claims"]), "--node", "node-a", "-o", "json"]
+    code, text = run(base)
+    assert code == 0 and json.loads(text)["claims"][0]["allocation"]["devices"]["results"][0]["device"] == "d0"
+    rule = {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "drain-d0"},
+        "spec": {"deviceSelector": {"device": "d0"}, "taint": {"key": "drain", "effect": "NoExecute"}},
+    }
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule))
+    code, text = run([*base, "--taint-rules", str(tmp_path / "rules.yaml")])
+    assert code == 3  # d0 drained by the rule, d1 tainted by its driver: nothing left
+    (outcome,) = json.loads(text)["claims"]
+    assert outcome["allocated"] is False and outcome["explanations"][0]["requests"][0]["tainted"] == {
+        "drain:NoExecute": 1,
+        "k:NoSchedule": 1,
+    }

@@ -101,11 +101,18 @@ def run_go(binary: Path, inp: dict[str, Any], repeat: int = 1, timeout: float = 
 def run_ours(inp: dict[str, Any]) -> tuple[list[Any], float]:
     """The same loop as allocbench's `run`, with our allocator: claim i tries nodes from i mod len(nodes)."""
     t0 = time.perf_counter()
-    alloc = Allocator(inp["slices"], inp["classes"])
+    features = inp.get("features") or {}
+    alloc = Allocator(
+        inp["slices"],
+        inp["classes"],
+        taint_rules=inp.get("deviceTaintRules") or (),
+        binding_conditions=features.get("DeviceBindingAndStatus", True),
+    )
     nodes: list[str] = inp["nodes"]
     results: list[dict[str, Any]] = []
     for i, claim in enumerate(inp["claims"]):
-        r: dict[str, Any] = {"claim": f"{NS}/{claim['metadata']['name']}", "devices": []}
+        meta = claim["metadata"]
+        r: dict[str, Any] = {"claim": f"{meta.get('namespace', NS)}/{meta['name']}", "devices": []}
         for k in range(len(nodes)):
             node = nodes[(i + k) % len(nodes)]
             try:
@@ -117,13 +124,24 @@ def run_ours(inp: dict[str, Any]) -> tuple[list[Any], float]:
                 continue
             api = got[0].to_api()
             r["node"] = node
-            r["devices"] = [
-                {key: d[key] for key in ("request", "driver", "pool", "device")} for d in api["devices"]["results"]
-            ]
+            r["devices"] = [_as_allocbench(d) for d in api["devices"]["results"]]
+            if api.get("nodeSelector"):
+                r["nodeSelector"] = api["nodeSelector"]
             alloc.state.add(api)
             break
         results.append(r)
     return results, time.perf_counter() - t0
+
+
+def _as_allocbench(result: dict[str, Any]) -> dict[str, Any]:
+    """A device result as allocbench prints it (share ids are random: only whether there is one)."""
+    out = {key: result[key] for key in ("request", "driver", "pool", "device")}
+    if result.get("shareID"):
+        out["shared"] = True
+    for key in ("consumedCapacity", "bindingConditions", "bindingFailureConditions"):
+        if result.get(key):
+            out[key] = result[key]
+    return out
 
 
 def differences(ours: list[Any], go: list[Any]) -> list[str]:

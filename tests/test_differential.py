@@ -182,3 +182,64 @@ def test_simulate_explains_a_pending_claim_of_a_live_cluster(cluster) -> None:
         assert "8 already allocated" in out.stdout, out.stdout  # the two earlier claims hold all 8 GPUs
     finally:
         _cleanup(cp)
+
+
+def _rule(device: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "diff-maintenance"},
+        "spec": {
+            "deviceSelector": {"driver": D, "pool": NODE, "device": device},
+            "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"},
+        },
+    }
+
+
+def test_a_device_taint_rule_steers_the_scheduler_and_simulate_alike(cluster) -> None:
+    """A DeviceTaintRule (not the driver) taints GPU 0: the scheduler and `simulate`, offline with the rule's file
+    and live from the cluster, keep every claim off it unless the claim tolerates the taint."""
+    import subprocess
+    import sys
+
+    cp, slices = cluster
+    (gpu0,) = [
+        d["name"]
+        for s in slices
+        for d in s["spec"].get("devices") or []
+        if d["attributes"].get("type", {}).get("string") == "gpu"
+        and d["attributes"].get("resource.kubernetes.io/pciBusID", {}).get("string") == "0000:1b:00.0"
+    ]
+    rule = _rule(gpu0)
+    tolerating = request("g", "gpu", selectors=[ON_GPU0])
+    tolerating["exactly"]["tolerations"] = [{"key": "example.com/maintenance", "operator": "Exists"}]
+    claims = [
+        claim("any-gpu", request("g", "gpu")),  # first in search order is GPU 0: the taint moves it on
+        claim("pinned-to-gpu0", request("g", "gpu", selectors=[ON_GPU0])),
+        claim("tolerating-gpu0", tolerating),
+    ]
+    cp.kubectl("apply", "-f", "-", input=json.dumps(rule))
+    try:
+        time.sleep(2)  # the scheduler's ResourceSlice tracker applies the rule from its informer
+        scheduler = [_schedule(cp, c) for c in claims]
+        assert [s is not None for s in scheduler] == [True, False, True]
+        assert _devices(scheduler[2]) == [("g", gpu0)] and gpu0 not in {d for _, d in _devices(scheduler[0])}
+        offline = simulate(slices, CLASSES, claims, node=NODE, taint_rules=[rule]).outcomes
+        assert [o.allocated for o in offline] == [True, False, True]
+        for theirs, mine in zip(scheduler, offline, strict=True):
+            if theirs is not None:
+                assert mine.allocation is not None and _devices(theirs) == _devices(mine.allocation)
+        assert "example.com/maintenance=planned:NoSchedule" in "\n".join(
+            line for e in offline[1].explanations for line in e.lines()
+        )
+        without = simulate(slices, CLASSES, claims, node=NODE).outcomes  # the rule is what decides:
+        assert without[0].allocation is not None and _devices(without[0].allocation) == [("g", gpu0)]
+        assert [o.allocated for o in without] == [True, False, False]  # without it GPU 0 goes to the first claim
+        live = subprocess.run([sys.executable, "-m", "dra_driver", "simulate", "--kubeconfig", str(cp.kubeconfig),
+                               "--node", NODE, "-o", "json"], capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert live.returncode == 3, live.stderr
+        pending = [o for o in json.loads(live.stdout)["claims"] if not o["allocated"]]
+        assert [o["claim"] for o in pending] == [f"{NS}/pinned-to-gpu0"], live.stdout
+    finally:
+        _cleanup(cp)
+        cp.kubectl("delete", "devicetaintrule", "diff-maintenance", "--ignore-not-found")

@@ -10,6 +10,7 @@ claim constraint satisfied.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -29,7 +30,7 @@ from dra_driver.allocation.pools import (
 )
 from dra_driver.allocation.requests import MAX_RESULTS, ClaimData, RequestData
 from dra_driver.allocation.state import AllocatedState, DeviceKey, allocated_state
-from dra_driver.allocation.taints import blocking_taint
+from dra_driver.allocation.taints import apply_taint_rules, blocking_taint
 from dra_driver.api.claim import (
     AllocationResult,
     DeviceAllocationConfiguration,
@@ -78,8 +79,14 @@ class Allocator:
         *,
         share_id: Callable[[], str] | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
+        taint_rules: Iterable[Mapping[str, Any]] = (),
+        binding_conditions: bool = True,
     ) -> None:
-        self.slices = [dict(s) for s in slices]
+        """`taint_rules`: DeviceTaintRules, whose taints the devices carry as the scheduler's slice tracker adds them;
+        `binding_conditions`: the scheduler's DeviceBindingAndStatus feature (on in 1.36: devices with binding
+        conditions may be allocated and their results carry them; off: such devices are never picked)."""
+        self.slices = apply_taint_rules([dict(s) for s in slices], list(taint_rules))
+        self.binding_conditions = binding_conditions
         self.classes = {c.metadata.name: c for c in (DeviceClass.model_validate(c) for c in classes)}
         self.state: AllocatedState = allocated_state(allocated)
         self.share_id = share_id or (lambda: str(uuid.uuid4()))
@@ -176,7 +183,7 @@ class Allocator:
                     f"claim {claim.key}, request {shown}: asks for all devices, "
                     f"but resource pool {pool.id} is currently invalid"
                 )
-            data.all_devices.extend(d for d in pool.devices if search.selectable(data, d))
+            data.all_devices.extend(d for d in pool.devices if search.selectable(data, d) and search.fits(data, d))
         data.num_devices = len(data.all_devices)
         return data
 
@@ -224,7 +231,8 @@ class _Search:
                 if dev.key in alloc.state.consuming:
                     self.ledger.add(dev)
         self.matches: dict[tuple[tuple[int, int, int], DeviceKey], bool] = {}
-        self.allocating: dict[DeviceKey, set[int]] = {}
+        # claim index of every pick in progress, per device (a shared device may be picked by several requests)
+        self.allocating: dict[DeviceKey, Counter[int]] = {}
         self.shared_used: dict[DeviceKey, dict[str, Fraction]] = {}
         self.results: list[list[Picked]] = [[] for _ in claims]
         self.data: list[ClaimData] = []
@@ -241,7 +249,8 @@ class _Search:
         if cached is not None:
             return cached
         ok = (
-            selectors_match(data.device_class.spec.selectors, device, f"class {data.device_class.metadata.name}")[0]
+            (self.alloc.binding_conditions or not device.raw.get("bindingConditions"))
+            and selectors_match(data.device_class.spec.selectors, device, f"class {data.device_class.metadata.name}")[0]
             and selectors_match(data.spec.selectors, device, f"claim {self.claims[data.claim_index].key}")[0]
             and device_visible(device, self.node)
         )
@@ -250,10 +259,10 @@ class _Search:
 
     def in_use(self, data: RequestData, device: PoolDevice) -> bool:
         if data.admin:
-            return data.claim_index in self.allocating.get(device.key, set())
+            return self.allocating.get(device.key, Counter())[data.claim_index] > 0
         if device.allow_multiple:
             return False  # shared devices are limited by capacity instead
-        return device.key in self.alloc.state.in_use or bool(self.allocating.get(device.key))
+        return device.key in self.alloc.state.in_use or self._picked(device)
 
     def consumes_counters(self, device: PoolDevice) -> bool:
         """Counters are consumed once per device: not again for a shared device that already holds them."""
@@ -261,7 +270,18 @@ class _Search:
             return False
         if device.key in self.alloc.state.consuming:
             return False
-        return not (device.allow_multiple and self.allocating.get(device.key))
+        return not (device.allow_multiple and self._picked(device))
+
+    def _picked(self, device: PoolDevice) -> bool:
+        return any(n > 0 for n in self.allocating.get(device.key, Counter()).values())
+
+    def fits(self, data: RequestData, device: PoolDevice) -> bool:
+        """CmpRequestOverCapacity: the request's capacity fits what the device has left (`All` lists only those)."""
+        try:
+            self.capacity_for(data, device)
+        except CapacityMismatch:
+            return False
+        return True
 
     def capacity_for(self, data: RequestData, device: PoolDevice) -> dict[str, Fraction] | None:
         """Consumed capacity (shared devices), {} for exclusive ones; CapacityMismatch when it does not fit."""
@@ -349,8 +369,8 @@ class _Search:
             pool, device = self.flat[index]
             if pool.invalid_reason:
                 raise AllocationError(f"pool {pool.id} is invalid: {pool.invalid_reason}")
-            if self.in_use(data, device) or not self.selectable(data, device):
-                continue
+            if self.in_use(data, device) or not self.selectable(data, device) or not self.fits(data, device):
+                continue  # capacity first here, as upstream's loop does: try_device checks it after the constraints
             undo = self.try_device(data, device, must=False)
             if undo is None:
                 continue
@@ -366,11 +386,11 @@ class _Search:
         """Devices of one request are picked in slice order. Feasibility of a request's device *set* does not depend
         on the order of its devices (counters, capacity and constraints are symmetric), so upstream's first
         solution is always in this order too; skipping the permutations changes nothing but the run time.
-        (Non-decreasing for shared devices, which one request may pick more than once.)"""
+        Strictly increasing, shared devices included: upstream goes on after the device it picked
+        (`nextLocation`), so one request never gets one device twice; other requests may share it."""
         if di == 0:
             return 0
-        last = self.positions[ci][-1]
-        return last if self.flat[last][1].allow_multiple else last + 1  # a shared device may be picked again
+        return self.positions[ci][-1] + 1
 
     def enough_candidates(self, data: RequestData) -> bool:
         """Prune a request that cannot get enough selectable, unused devices (no effect on which solution wins).
@@ -379,7 +399,7 @@ class _Search:
         try:
             for _pool, device in self.flat:
                 if not self.in_use(data, device) and self.selectable(data, device):
-                    n += data.num_devices if device.allow_multiple else 1  # shared devices can repeat
+                    n += 1
                     if n >= data.num_devices:
                         return True
         except AllocationError:
@@ -398,20 +418,17 @@ class _Search:
         return ok
 
     def try_device(self, data: RequestData, device: PoolDevice, must: bool) -> Callable[[], None] | None:
-        """allocateDevice: availability, taints, counters, capacity, constraints; returns the rollback or None."""
+        """allocateDevice: availability, counters, taints, constraints, capacity, in upstream's order (a device that
+        `must` be added fails the whole search on a constraint, even when its capacity would not fit either);
+        returns the rollback or None."""
         ci = data.claim_index
         if self.in_use(data, device):
-            return None
-        if blocking_taint(device.taints, data.spec.tolerations) is not None:
             return None
         counters = not data.admin and self.consumes_counters(device)
         if counters and self.ledger.shortage(device) is not None:
             return None
-        try:
-            amounts = self.capacity_for(data, device)
-        except CapacityMismatch:
+        if blocking_taint(device.taints, data.spec.tolerations) is not None:
             return None
-        assert amounts is not None
         added: list[Constraint] = []
         for cons in self.constraints[ci]:
             if not cons.add(data.request, data.sub, device):
@@ -424,6 +441,13 @@ class _Search:
                     )
                 return None
             added.append(cons)
+        try:
+            amounts = self.capacity_for(data, device)
+        except CapacityMismatch:
+            for c in added:
+                c.remove(data.request, data.sub)
+            return None
+        assert amounts is not None
         if counters:
             self.ledger.add(device)
         shared = device.allow_multiple and not data.admin
@@ -431,7 +455,7 @@ class _Search:
             used = self.shared_used.setdefault(device.key, {})
             for name, amount in amounts.items():
                 used[name] = used.get(name, Fraction(0)) + amount
-        self.allocating.setdefault(device.key, set()).add(ci)
+        self.allocating.setdefault(device.key, Counter())[ci] += 1
         picked = Picked(device, data)
         if shared:
             picked.share_id = self.alloc.share_id()
@@ -440,7 +464,7 @@ class _Search:
 
         def undo() -> None:
             self.results[ci].pop()
-            self.allocating[device.key].discard(ci)
+            self.allocating[device.key][ci] -= 1
             if shared:
                 used = self.shared_used[device.key]
                 for name, amount in amounts.items():
@@ -473,6 +497,8 @@ class _Search:
                         if picked.consumed is not None
                         else None
                     ),
+                    bindingConditions=self._binding(picked.device, "bindingConditions"),
+                    bindingFailureConditions=self._binding(picked.device, "bindingFailureConditions"),
                 )
             )
         # Class configs once per class (FromClass), then the claim's (FromClaim) that apply to chosen requests.
@@ -507,20 +533,25 @@ class _Search:
                             source="FromClaim", requests=list(cfg.requests), opaque=cfg.opaque
                         )
                     )
-        out.node_selector = node_selector([p.device for p in self.results[ci]])
+        out.node_selector = node_selector([p.device for p in self.results[ci]], self.node)
         return out
 
+    def _binding(self, device: PoolDevice, field: str) -> list[str] | None:
+        if not self.alloc.binding_conditions:
+            return None
+        return list(device.raw.get(field) or []) or None
 
-def node_selector(devices: Sequence[PoolDevice]) -> dict[str, Any] | None:
-    """createNodeSelector: a node-local device pins the node; slice selectors merge into one term; else nil."""
+
+def node_selector(devices: Sequence[PoolDevice], node: Node | None = None) -> dict[str, Any] | None:
+    """createNodeSelector: a node-local device, or one that binds to the node it is allocated on, pins the node
+    being filtered; slice selectors merge into one term; else nil."""
     fields: list[dict[str, Any]] = []
     exprs: list[dict[str, Any]] = []
     for dev in devices:
-        if dev.node_name is not None:
+        if dev.node_name is not None or (dev.raw.get("bindsToNode") and node is not None):
+            pinned = node.name if node is not None else dev.node_name
             return {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [dev.node_name]}]}
-                ]
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pinned]}]}]
             }
         if dev.node_selector is not None:
             terms = dev.node_selector.get("nodeSelectorTerms") or []

@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO, cast
 
 from pydantic import ValidationError
 
-from dra_driver.api import GROUP, VERSION
+from dra_driver.api import GROUP, TAINT_RULE_VERSION, VERSION
 from dra_driver.cel.cli import GATES, parse_gates
 from dra_driver.cel.features import active, configure
 
@@ -43,6 +43,15 @@ def add_subcommand(subparsers: Any) -> None:
         "are explained, its allocated ones count as taken",
     )
     p.add_argument("--allocated", nargs="*", default=[], metavar="FILE", help="claims already allocated")
+    p.add_argument(
+        "--taint-rules",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="DeviceTaintRules (resource.k8s.io/v1beta2): their taints are added to the devices they select, as the "
+        "scheduler does with the DRADeviceTaintRules gate; with --kubeconfig the cluster's are read too, when it "
+        "serves that API",
+    )
     p.add_argument("--node", help="the node to allocate on (default: the first node where the claims fit)")
     p.add_argument(
         "--together", action="store_true", help="the claims belong to one pod: allocate all at once, or none"
@@ -78,18 +87,23 @@ def _simulate(args: argparse.Namespace, out: TextIO) -> int:
     from dra_driver.api.quantity import QuantityError
 
     try:
-        if sum(1 for group in (args.slices, args.classes, args.claims, args.allocated) if "-" in group) > 1:
+        groups = (args.slices, args.classes, args.claims, args.allocated, args.taint_rules)
+        if sum(1 for group in groups if "-" in group) > 1:
             raise InputError("only one of the file lists may read from stdin")
         slices = load_objects(args.slices, "ResourceSlice")
         classes = load_objects(args.classes, "DeviceClass")
         claims = load_objects(args.claims, "ResourceClaim")
+        rules = load_objects(args.taint_rules, "DeviceTaintRule")
         if args.kubeconfig:
-            cluster_slices, cluster_classes, cluster_claims = _from_cluster(args.kubeconfig)
-            slices, classes, claims = slices + cluster_slices, classes + cluster_classes, cluster_claims + claims
+            cluster = _from_cluster(args.kubeconfig)
+            slices, classes = slices + cluster.slices, classes + cluster.classes
+            claims, rules = cluster.claims + claims, rules + cluster.taint_rules
         if not slices or not claims:
             raise InputError("no ResourceSlices or no ResourceClaims: give files, or --kubeconfig")
         allocated = load_objects(args.allocated)
-        report = simulate(slices, classes, claims, args.node, allocated, together=args.together, check_new=True)
+        report = simulate(
+            slices, classes, claims, args.node, allocated, together=args.together, check_new=True, taint_rules=rules
+        )
     except (InputError, ValidationError, QuantityError, KeyError, TypeError, ValueError) as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -101,18 +115,32 @@ def _simulate(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK if report.all_allocated else EXIT_UNALLOCATED
 
 
-def _from_cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Slices, classes and claims (oldest first, as the scheduler meets them) of a live cluster."""
+class _Cluster(NamedTuple):
+    slices: list[dict[str, Any]]
+    classes: list[dict[str, Any]]
+    claims: list[dict[str, Any]]
+    taint_rules: list[dict[str, Any]]
+
+
+def _from_cluster(kubeconfig: str) -> _Cluster:
+    """Slices, classes, claims (oldest first, as the scheduler meets them) and DeviceTaintRules of a live cluster."""
     from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
 
     objects = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
 
-    def items(plural: str) -> list[dict[str, Any]]:
-        listed = cast(dict[str, Any], objects.list_cluster_custom_object(GROUP, VERSION, plural))
+    def items(plural: str, version: str = VERSION) -> list[dict[str, Any]]:
+        listed = cast(dict[str, Any], objects.list_cluster_custom_object(GROUP, version, plural))
         return list(listed["items"])
 
     claims = sorted(items("resourceclaims"), key=lambda c: c["metadata"].get("creationTimestamp", ""))
-    return items("resourceslices"), items("deviceclasses"), claims
+    try:
+        rules = items("devicetaintrules", TAINT_RULE_VERSION)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        rules = []  # the API is off (its default in 1.36), and with it the scheduler's use of the rules
+    return _Cluster(items("resourceslices"), items("deviceclasses"), claims, rules)
 
 
 def _message(err: Exception) -> str:

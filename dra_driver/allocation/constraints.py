@@ -29,7 +29,9 @@ class Constraint:
         self.requests = set(requests)
         self.attribute = attribute
         self.distinct = distinct
-        self.values: list[tuple[str, Any]] = []
+        self.values: list[tuple[str, Any]] = []  # matchAttribute: every device's, the first one decides
+        self.by_request: dict[str, tuple[str, Any]] = {}  # distinctAttribute
+        self.count = 0
 
     def describe(self) -> str:
         kind = "distinctAttribute" if self.distinct else "matchAttribute"
@@ -47,14 +49,28 @@ class Constraint:
         value = _value(device.attribute(self.attribute))
         if value is None:
             return False
-        if self.values:
-            if self.distinct and value in self.values:
-                return False
-            if not self.distinct and value != self.values[0]:
-                return False
+        if self.distinct:
+            return self._add_distinct(request, value)
+        if self.values and value != self.values[0]:
+            return False
         self.values.append(value)
         return True
 
+    def _add_distinct(self, request: str, value: tuple[str, Any]) -> bool:
+        # As upstream's distinctAttributeConstraint: one value kept per request name (the last device's), compared
+        # with those; so a request's third device is only kept apart from its second, and a shared device another
+        # request holds may be picked again when its value was overwritten.
+        if self.count and value in self.by_request.values():
+            return False
+        self.by_request[request] = value
+        self.count += 1
+        return True
+
     def remove(self, request: str, subrequest: str) -> None:
-        if self.applies(request, subrequest):
+        if not self.applies(request, subrequest):
+            return
+        if self.distinct:
+            self.by_request.pop(request, None)
+            self.count -= 1
+        else:
             self.values.pop()

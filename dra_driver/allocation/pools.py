@@ -181,8 +181,10 @@ def parse_slice(s: dict[str, Any]) -> ParsedSlice:
 def gather_pools(
     slices: Iterable[dict[str, Any]], node: Node | None, parsed: Callable[[dict[str, Any]], ParsedSlice] = parse_slice
 ) -> list[Pool]:
-    """Pools in first-seen slice order, each with the slices of its highest generation that the node sees.
-    `parsed`: a slice's counters and devices (an Allocator remembers them: its slices do not change)."""
+    """The pools the node sees, each with the slices of its highest generation, in the 1.36 allocator's search
+    order: sorted by driver and pool name, slices by name, and pools with a device that has binding conditions last
+    (the incubating allocator's GatherPools). `parsed`: a slice's counters and devices (an Allocator remembers them:
+    its slices do not change)."""
     pools: dict[tuple[str, str], Pool] = {}
     for s in slices:
         spec = s.get("spec") or {}
@@ -199,12 +201,17 @@ def gather_pools(
             continue
         pool.slices.append(s)
     for pool in pools.values():
+        pool.slices.sort(key=lambda s: str((s.get("metadata") or {}).get("name", "")))
         _fill(pool, parsed)
-    return list(pools.values())
+    return sorted(pools.values(), key=lambda p: (_has_binding_conditions(p), p.driver, p.name))
+
+
+def _has_binding_conditions(pool: Pool) -> bool:
+    return any(d.raw.get("bindingConditions") is not None for d in pool.devices)
 
 
 def _replace(old: Pool, fresh: Pool) -> Pool:
-    """Keep the dict position (first-seen order) but drop the older generation's slices."""
+    """Drop the older generation's slices."""
     old.generation, old.slice_count, old.slices = fresh.generation, fresh.slice_count, []
     return old
 

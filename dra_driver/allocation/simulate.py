@@ -88,13 +88,16 @@ def simulate(
     share_id: Callable[[], str] | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     check_new: bool = False,
+    taint_rules: Iterable[Mapping[str, Any]] = (),
 ) -> SimulationReport:
     raw_claims, classes = list(claims), list(classes)
     parsed = [ResourceClaim.model_validate(c) for c in raw_claims]
     # A claim's allocation as its file or the cluster has it (fields this driver does not model included)
     given = [(c.get("status") or {}).get("allocation") for c in raw_claims]
     existing = [c for c, allocation in zip(raw_claims, given, strict=True) if allocation]
-    alloc = Allocator(slices, classes, [*allocated, *existing], share_id=share_id, max_steps=max_steps)
+    alloc = Allocator(
+        slices, classes, [*allocated, *existing], share_id=share_id, max_steps=max_steps, taint_rules=taint_rules
+    )
     nodes = _nodes(alloc, node)
     refused_classes = _refused_classes(classes) if check_new else {}
     outcomes: dict[int, ClaimOutcome] = {}

@@ -1,8 +1,9 @@
-"""Device taints and request tolerations (resourceclaim.ToleratesTaint, allocator's taintPreventsAllocation)."""
+"""Device taints and request tolerations (resourceclaim.ToleratesTaint, allocator's taintPreventsAllocation), and the
+taints DeviceTaintRules add to devices (the scheduler's ResourceSlice tracker, resourceslice/tracker applyPatches)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver.api.claim import Toleration
@@ -33,3 +34,38 @@ def blocking_taint(taints: Sequence[dict[str, Any]], tolerations: Sequence[Toler
 def describe_taint(taint: dict[str, Any]) -> str:
     value = taint.get("value")
     return f"{taint.get('key')}{'=' + str(value) if value else ''}:{taint.get('effect')}"
+
+
+def apply_taint_rules(slices: list[dict[str, Any]], rules: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The slices with each rule's taint appended to every device its selector names (driver, pool, device: each
+    unset one matches all), in rule order; slices no rule touches are returned as they are, the others copied."""
+    if not rules:
+        return slices
+    out = []
+    for s in slices:
+        spec = s.get("spec") or {}
+        devices = spec.get("devices") or []
+        added: dict[int, list[dict[str, Any]]] = {}
+        for rule in rules:
+            rule_spec = rule.get("spec") or {}
+            selector = rule_spec.get("deviceSelector") or {}
+            if selector.get("driver") not in (None, spec.get("driver")):
+                continue
+            if selector.get("pool") not in (None, (spec.get("pool") or {}).get("name")):
+                continue
+            given = rule_spec.get("taint") or {}
+            taint = {k: given[k] for k in _TAINT_FIELDS if given.get(k) not in ("", None)}
+            for i, device in enumerate(devices):
+                if selector.get("device") in (None, device.get("name")):
+                    added.setdefault(i, []).append(taint)
+        if not added:
+            out.append(s)
+            continue
+        patched = [
+            {**d, "taints": [*(d.get("taints") or []), *added[i]]} if i in added else d for i, d in enumerate(devices)
+        ]
+        out.append({**s, "spec": {**spec, "devices": patched}})
+    return out
+
+
+_TAINT_FIELDS = ("key", "value", "effect", "timeAdded")

@@ -14,3 +14,4 @@ from typing import Final
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
 API_VERSION: Final = "resource.k8s.io/v1"
+TAINT_RULE_VERSION: Final = "v1beta2"  # DeviceTaintRules: beta (off by default) in 1.36, not yet in v1

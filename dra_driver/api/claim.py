@@ -92,6 +92,8 @@ class DeviceRequestAllocationResult(ApiModel):
     tolerations: list[Toleration] | None = None
     share_id: str | None = Field(default=None, alias="shareID")
     consumed_capacity: dict[str, str] | None = None
+    binding_conditions: list[str] | None = None
+    binding_failure_conditions: list[str] | None = None
 
 
 class DeviceAllocationConfiguration(ApiModel):

@@ -2,10 +2,15 @@
 // the DynamicResources plugin calls it, on JSON input, and prints the per-claim results and the time taken. It is the
 // Go baseline of bench/bench_allocator.py and the reference of tests/test_allocbench.py.
 //
-// Input (stdin): {"slices": [...], "classes": [...], "claims": [...], "nodes": ["node-a", ...], "repeat": 1}
+// Input (stdin): {"slices": [...], "classes": [...], "claims": [...], "nodes": ["node-a", ...], "repeat": 1,
+// "deviceTaintRules": [...], "features": {"DeviceBindingAndStatus": false, ...}}
+// DeviceTaintRules (resource.k8s.io/v1beta2) are applied to the slices by the scheduler's own ResourceSlice tracker
+// (k8s.io/dynamic-resource-allocation/resourceslice/tracker, fed by informers of a fake clientset), as the
+// DRADeviceTaintRules gate makes the scheduler do; "features" overrides the 1.36 scheduler's allocator features.
 // Each claim is a pod of its own, scheduled in order: one allocator per claim (PreFilter), then Allocate on the nodes
 // starting at node (i mod len(nodes)) until one fits (Filter); what a claim got counts as allocated for the next.
-// Output (stdout): {"results": [{"claim", "node", "devices": [{"request", "driver", "pool", "device"}]}],
+// Output (stdout): {"results": [{"claim", "node", "devices": [{"request", "driver", "pool", "device", "shared",
+// "consumedCapacity", "bindingConditions", "bindingFailureConditions"}], "nodeSelector", "error"}],
 // "seconds": best of the repeats, "allocate_calls": Allocate calls per repeat}.
 package main
 
@@ -19,32 +24,46 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	resourcebetaapi "k8s.io/api/resource/v1beta2"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/dynamic-resource-allocation/structured"
 )
 
 type input struct {
-	Slices  []*resourceapi.ResourceSlice `json:"slices"`
-	Classes []*resourceapi.DeviceClass   `json:"classes"`
-	Claims  []*resourceapi.ResourceClaim `json:"claims"`
-	Nodes   []string                     `json:"nodes"`
-	Repeat  int                          `json:"repeat"`
+	Slices     []*resourceapi.ResourceSlice       `json:"slices"`
+	Classes    []*resourceapi.DeviceClass         `json:"classes"`
+	Claims     []*resourceapi.ResourceClaim       `json:"claims"`
+	Nodes      []string                           `json:"nodes"`
+	Repeat     int                                `json:"repeat"`
+	TaintRules []*resourcebetaapi.DeviceTaintRule `json:"deviceTaintRules"`
+	Features   *structured.Features               `json:"features"`
 }
 
 type device struct {
-	Request string `json:"request"`
-	Driver  string `json:"driver"`
-	Pool    string `json:"pool"`
-	Device  string `json:"device"`
+	Request                  string                                          `json:"request"`
+	Driver                   string                                          `json:"driver"`
+	Pool                     string                                          `json:"pool"`
+	Device                   string                                          `json:"device"`
+	Shared                   bool                                            `json:"shared,omitempty"`
+	ConsumedCapacity         map[resourceapi.QualifiedName]resource.Quantity `json:"consumedCapacity,omitempty"`
+	BindingConditions        []string                                        `json:"bindingConditions,omitempty"`
+	BindingFailureConditions []string                                        `json:"bindingFailureConditions,omitempty"`
 }
 
 type result struct {
-	Claim   string   `json:"claim"`
-	Node    string   `json:"node,omitempty"`
-	Devices []device `json:"devices"`
-	Error   string   `json:"error,omitempty"`
+	Claim        string           `json:"claim"`
+	Node         string           `json:"node,omitempty"`
+	Devices      []device         `json:"devices"`
+	NodeSelector *v1.NodeSelector `json:"nodeSelector,omitempty"`
+	Error        string           `json:"error,omitempty"`
 }
 
 type output struct {
@@ -70,17 +89,73 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return nil, fmt.Errorf("deviceclass.resource.k8s.io %q not found", name)
 }
 
-// features are the scheduler's with Kubernetes 1.36's default gates (pkg/features/kube_features.go):
-// DRADeviceBindingConditions is off by default, so DeviceBindingAndStatus is too.
-var features = structured.Features{
-	AdminAccess:          true,
-	PrioritizedList:      true,
-	PartitionableDevices: true,
-	DeviceTaints:         true,
-	ConsumableCapacity:   true,
+// defaultFeatures are the scheduler's with Kubernetes 1.36's default gates (pkg/features/kube_features.go and
+// dynamicresources.go's allocatorFeatures): DRADeviceBindingConditions and DRAResourceClaimDeviceStatus are beta and
+// on, so DeviceBindingAndStatus is too; the scheduler does not pass DRAListTypeAttributes to the allocator.
+var defaultFeatures = structured.Features{
+	AdminAccess:            true,
+	PrioritizedList:        true,
+	PartitionableDevices:   true,
+	DeviceTaints:           true,
+	DeviceBindingAndStatus: true,
+	ConsumableCapacity:     true,
 }
 
-func run(ctx context.Context, in *input) ([]result, int, error) {
+// patchedSlices are the slices as the scheduler's tracker shows them with the DeviceTaintRules applied.
+func patchedSlices(ctx context.Context, in *input) ([]*resourceapi.ResourceSlice, error) {
+	if len(in.TaintRules) == 0 {
+		return in.Slices, nil
+	}
+	objects := []runtime.Object{}
+	for _, s := range in.Slices {
+		objects = append(objects, s)
+	}
+	for _, c := range in.Classes {
+		objects = append(objects, c)
+	}
+	for _, r := range in.TaintRules {
+		objects = append(objects, r)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	client := fake.NewClientset(objects...)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	defer func() { cancel(); factory.Shutdown() }() // informers stop with the context, then Shutdown waits for them
+	t, err := tracker.StartTracker(ctx, tracker.Options{
+		EnableDeviceTaintRules:   true,
+		EnableConsumableCapacity: true,
+		SliceInformer:            factory.Resource().V1().ResourceSlices(),
+		TaintInformer:            factory.Resource().V1beta2().DeviceTaintRules(),
+		ClassInformer:            factory.Resource().V1().DeviceClasses(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer t.Stop()
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), t.HasSynced) {
+		return nil, errors.New("the ResourceSlice tracker did not sync")
+	}
+	patched, err := t.ListPatchedResourceSlices()
+	if err != nil {
+		return nil, err
+	}
+	// the tracker lists in its store's order: back to the input's, which is the allocator's search order
+	byName := map[string]*resourceapi.ResourceSlice{}
+	for _, s := range patched {
+		byName[s.Name] = s
+	}
+	out := make([]*resourceapi.ResourceSlice, 0, len(in.Slices))
+	for _, s := range in.Slices {
+		out = append(out, byName[s.Name])
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, in *input, slices []*resourceapi.ResourceSlice) ([]result, int, error) {
+	features := defaultFeatures
+	if in.Features != nil {
+		features = *in.Features
+	}
 	classes := classLister{}
 	for _, c := range in.Classes {
 		classes[c.Name] = c
@@ -100,7 +175,7 @@ func run(ctx context.Context, in *input) ([]result, int, error) {
 	calls := 0
 	for i, claim := range in.Claims {
 		r := result{Claim: claim.Namespace + "/" + claim.Name, Devices: []device{}}
-		alloc, err := structured.NewAllocator(ctx, features, state, classes, in.Slices, celCache)
+		alloc, err := structured.NewAllocator(ctx, features, state, classes, slices, celCache)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -119,8 +194,13 @@ func run(ctx context.Context, in *input) ([]result, int, error) {
 				continue
 			}
 			r.Node = node.Name
+			r.NodeSelector = got[0].NodeSelector
 			for _, d := range got[0].Devices.Results {
-				r.Devices = append(r.Devices, device{Request: d.Request, Driver: d.Driver, Pool: d.Pool, Device: d.Device})
+				r.Devices = append(r.Devices, device{
+					Request: d.Request, Driver: d.Driver, Pool: d.Pool, Device: d.Device, Shared: d.ShareID != nil,
+					ConsumedCapacity: d.ConsumedCapacity, BindingConditions: d.BindingConditions,
+					BindingFailureConditions: d.BindingFailureConditions,
+				})
 				id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
 				if d.ShareID == nil {
 					state.AllocatedDevices.Insert(id)
@@ -149,10 +229,16 @@ func main() {
 		os.Exit(2)
 	}
 	repeat := max(in.Repeat, 1)
+	ctx := context.Background()
+	slices, err := patchedSlices(ctx, &in)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "allocbench: applying DeviceTaintRules:", err)
+		os.Exit(1)
+	}
 	var out output
 	for range repeat {
 		start := time.Now()
-		results, calls, err := run(context.Background(), &in)
+		results, calls, err := run(ctx, &in, slices)
 		took := time.Since(start).Seconds()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "allocbench:", err)

@@ -1,0 +1,73 @@
+"""Allocator differential on seeded random input: ours and the 1.36 scheduler's allocator
+(k8s.io/dynamic-resource-allocation/structured through tools/allocbench, DeviceTaintRules applied by the scheduler's
+own ResourceSlice tracker) must give every claim the same node, devices, consumed capacity, binding conditions and
+node selector, and fail the same claims. The scenarios (tests/alloc_generator.py) mix device taints and
+DeviceTaintRules, binding conditions, shared counters, consumable capacity with request policies, `firstAvailable`,
+`All`, selectors and constraints. Prints the agreement in the run's summary."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.alloc_generator import Scenario
+from tests.test_allocbench import build_allocbench, run_go, run_ours
+
+SEEDS = range(1, 161)
+CLAIMS = 8
+
+
+def _features(inp: dict[str, Any]) -> Counter[str]:
+    """What a scenario exercises, for the summary (so a generator change that drops a feature shows)."""
+    seen: Counter[str] = Counter()
+    devices = [d for s in inp["slices"] for d in s["spec"].get("devices") or []]
+    seen["device taints"] += any(d.get("taints") for d in devices)
+    seen["DeviceTaintRules"] += bool(inp["deviceTaintRules"])
+    seen["binding conditions"] += any(d.get("bindingConditions") for d in devices)
+    seen["binding feature off"] += not inp["features"]["DeviceBindingAndStatus"]
+    seen["shared counters"] += any(d.get("consumesCounters") for d in devices)
+    seen["request policies"] += any(c.get("requestPolicy") for d in devices for c in (d.get("capacity") or {}).values())
+    requests = [r for c in inp["claims"] for r in c["spec"]["devices"]["requests"]]
+    seen["firstAvailable"] += any("firstAvailable" in r for r in requests)
+    seen["capacity requests"] += any("capacity" in (r.get("exactly") or {}) for r in requests)
+    seen["tolerations"] += any("tolerations" in (r.get("exactly") or {}) for r in requests)
+    return seen
+
+
+def _outcomes(results: list[dict[str, Any]]) -> Counter[str]:
+    return Counter("error" if r.get("error") else "allocated" if r.get("node") else "unallocated" for r in results)
+
+
+def test_ours_and_the_schedulers_allocator_agree_on_random_scenarios(
+    tmp_path: Path, report_table: Callable[[str, str], None]
+) -> None:
+    binary = build_allocbench()
+    disagreements: list[str] = []
+    exercised: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for seed in SEEDS:
+        inp = Scenario(seed).input(CLAIMS)
+        exercised += _features(inp)
+        go, _ = run_go(binary, inp, timeout=60)
+        ours, _ = run_ours(inp)
+        outcomes += _outcomes(go)
+        for a, b in zip(ours, go, strict=True):
+            if {**a, "error": bool(a.get("error"))} != {**b, "error": bool(b.get("error"))}:
+                disagreements.append(f"seed {seed}, {a['claim']}:\n  ours {json.dumps(a)}\n  Go   {json.dumps(b)}")
+                (tmp_path / f"seed-{seed}.json").write_text(json.dumps(inp, indent=1))
+    total = len(SEEDS) * CLAIMS
+    report_table(
+        "allocator differential",
+        f"{len(SEEDS)} random scenarios x {CLAIMS} claims (seeds {SEEDS.start}-{SEEDS.stop - 1}): "
+        f"{total - len(disagreements)}/{total} agree with k8s.io/dynamic-resource-allocation/structured; Go: "
+        + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
+        + "\nscenarios with "
+        + ", ".join(f"{k} {n}" for k, n in sorted(exercised.items())),
+    )
+    assert disagreements == [], "\n".join(disagreements[:10])
+    # the scenarios are worth something only if claims both fit and fail, and every feature appears
+    assert outcomes["allocated"] > total // 3 and outcomes["unallocated"] > total // 10, outcomes
+    assert all(exercised[k] >= 10 for k in _features(Scenario(1).input(CLAIMS))), exercised
