@@ -76,6 +76,7 @@ def test_attributes_mirror_the_official_driver(sim_factory) -> None:
         "cudaDriverVersion": "12.4.0",
         "resource.kubernetes.io/pciBusID": "0000:61:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:5b",
+        "numaNode": 0,  # Kubernetes' own resource.kubernetes.io/numaNode from 1.37 on
     }
     assert gpu.attributes["cudaComputeCapability"].version == "9.0.0"  # typed as version, not string
     assert mig.attributes["type"].value() == "mig" and mig.attributes["profile"].value() == "3g.40gb"
@@ -352,3 +353,29 @@ def test_version_parsing(version: str, minor: int) -> None:
 def test_unsupported_versions_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match=r"not supported|invalid Kubernetes version"):
         limits_for(bad)
+
+
+@pytest.mark.parametrize(
+    ("machine", "version", "name", "expected"),
+    [
+        ("dgx-h100", "1.36", "numaNode", [0, 0, 0, 0, 1, 1, 1, 1]),
+        ("dgx-h100", "1.37", "resource.kubernetes.io/numaNode", [0, 0, 0, 0, 1, 1, 1, 1]),
+        ("dgx-a100", "1.35", "numaNode", [3, 3, 1, 1, 7, 7, 5, 5]),
+        ("mixed", "1.37", "resource.kubernetes.io/numaNode", [0, 0, 1, 1, None]),  # the L40S: numa_node -1
+    ],
+)
+def test_numa_node_is_read_from_sysfs_and_named_as_the_version_names_it(
+    sim_factory, machine: str, version: str, name: str, expected: list[int | None]
+) -> None:
+    inv = _inventory(sim_factory, machine)
+    devices = _devices(build_slices(inv, node_name="n", k8s_version=version, mode=PublishMode.PARTITIONABLE))
+    other = "numaNode" if name != "numaNode" else "resource.kubernetes.io/numaNode"
+    assert not any(other in d.attributes for d in devices)
+    by_gpu: dict[str, set[int | None]] = {}
+    for d in devices:
+        attr = d.attributes.get(name)
+        by_gpu.setdefault(d.name.split("-mig-")[0], set()).add(attr.int_ if attr else None)
+    assert all(len(values) == 1 for values in by_gpu.values()), by_gpu  # a MIG device is on its parent's node
+    minors = sorted(by_gpu, key=lambda n: int(n.removeprefix("gpu-")))
+    by_minor = {g.minor: g for g in inv.gpus}
+    assert [by_gpu[n].pop() for n in minors] == [expected[by_minor[int(n[4:])].index] for n in minors]

@@ -12,7 +12,7 @@ import pynvml
 from dra_driver.nvml.api import Handle, NvmlLibrary, as_text, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigInstance, MigProfile, Placement
 from dra_driver.nvml.migprofile import COMPUTE_INSTANCE_ENUM_BY_SLICES, GPU_INSTANCE_ENUMS, profile_name
-from dra_driver.nvml.pcie import normalize_bus_id, pcie_root
+from dra_driver.nvml.pcie import normalize_bus_id, numa_node, pcie_root
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
         cuda_compute_capability=f"{major}.{minor_cc}",
         pci_bus_id=bdf,
         pcie_root=pcie_root(bdf, sysfs_root),
+        numa_node=numa_node(bdf, sysfs_root),
         pci_device_id=int(pci.pciDeviceId),
         memory_bytes=memory_total,
         mig_capable=capable and bool(profiles),

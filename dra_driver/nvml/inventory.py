@@ -70,6 +70,7 @@ class GpuInfo(_Frozen):
     mig_toggle_needs_reset: bool  # Ampere: MIG mode changes need a GPU reset
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
+    numa_node: int | None = None  # sysfs numa_node; None: unknown or no affinity
 
     def profile(self, profile_id: int) -> MigProfile:
         for p in self.mig_profiles:

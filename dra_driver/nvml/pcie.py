@@ -1,4 +1,4 @@
-"""PCI addresses in the forms Kubernetes' standard attributes use."""
+"""PCI addresses and topology in the forms Kubernetes' standard attributes use."""
 
 from __future__ import annotations
 
@@ -21,3 +21,14 @@ def pcie_root(bdf: str, sysfs_root: Path) -> str | None:
         if part.startswith("pci") and ":" in part:
             return part
     return None
+
+
+def numa_node(bdf: str, sysfs_root: Path) -> int | None:
+    """The NUMA node the kernel gives a PCI device (`numa_node` in sysfs, as k8s.io/dynamic-resource-allocation's
+    deviceattribute reads it); None when unknown or -1 (no affinity: such a device publishes no NUMA attribute,
+    which would otherwise match every other device without one)."""
+    try:
+        value = int((sysfs_root / "bus" / "pci" / "devices" / bdf / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None

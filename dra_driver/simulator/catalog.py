@@ -108,6 +108,7 @@ class MachineGpu(_Strict):
     pcie_root: str = Field(description="sysfs root complex, e.g. pci0000:15")
     mig_enabled: bool = False
     minor: int | None = Field(default=None, description="/dev/nvidiaN; defaults to the NVML index")
+    numa_node: int = Field(default=-1, ge=-1, description="sysfs numa_node of the GPU's PCI function; -1: none")
 
 
 class MachineSpec(_Strict):

@@ -27,9 +27,20 @@ ATTR_CUDA_DRIVER_VERSION: Final = "cudaDriverVersion"  # version
 ATTR_PARENT_UUID: Final = "parentUUID"
 ATTR_PROFILE: Final = "profile"
 
+ATTR_NUMA_NODE: Final = "numaNode"  # int: sysfs numa_node of the GPU; absent when the device has no affinity
+
 # Kubernetes standard attributes (k8s.io/dynamic-resource-allocation/deviceattribute)
 ATTR_PCI_BUS_ID: Final = "resource.kubernetes.io/pciBusID"
 ATTR_PCIE_ROOT: Final = "resource.kubernetes.io/pcieRoot"
+ATTR_STANDARD_NUMA_NODE: Final = "resource.kubernetes.io/numaNode"  # standard from 1.37 (KEP-6072), scalar form
+STANDARD_NUMA_NODE_MINOR: Final = 37
+
+
+def numa_node_attribute(minor: int) -> str:
+    """Where the NUMA node is published: Kubernetes' standard name from 1.37, our own domain before (so that a
+    selector written for 1.36 does not silently mean something else once the standard one exists)."""
+    return ATTR_STANDARD_NUMA_NODE if minor >= STANDARD_NUMA_NODE_MINOR else ATTR_NUMA_NODE
+
 
 # capacities
 CAP_MEMORY: Final = "memory"

@@ -9,7 +9,7 @@ from dra_driver.api.meta import ObjectMeta, OwnerReference
 from dra_driver.api.slice import CounterSet, Device, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
-from dra_driver.slices.devices import GpuDevices, PublishMode, check_replicas, gpu_devices
+from dra_driver.slices.devices import GpuDevices, PublishMode, check_replicas, gpu_devices, publish_names
 from dra_driver.slices.limits import SliceLimits, limits_for
 from dra_driver.slices.validation import SliceLimitError, validate_pool
 
@@ -81,6 +81,8 @@ def build_slices(
         # and the request policy, and the GPUs would be handed out whole.
         log.warning("shared mode needs the DRAConsumableCapacity feature gate on Kubernetes 1.%d", limits.minor)
     groups = [gpu_devices(inventory, gpu, mode, replicas) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
+    for group in groups:
+        publish_names(group.devices, limits.minor)
     for name, device_taints in (taints or {}).items():
         device = next((d for g in groups for d in g.devices if d.name == name), None)
         if device is None:

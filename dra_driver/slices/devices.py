@@ -64,7 +64,19 @@ def _common_attributes(inv: Inventory, gpu: GpuInfo) -> dict[str, DeviceAttribut
     }
     if gpu.pcie_root:
         attrs[A.ATTR_PCIE_ROOT] = DeviceAttribute(string=gpu.pcie_root)
+    if gpu.numa_node is not None:
+        attrs[A.ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.numa_node)  # renamed per version by publish_names
     return attrs
+
+
+def publish_names(devices: list[Device], minor: int) -> None:
+    """Attributes whose name depends on the Kubernetes minor, renamed in place for it."""
+    numa = A.numa_node_attribute(minor)
+    if numa == A.ATTR_NUMA_NODE:
+        return
+    for device in devices:
+        if A.ATTR_NUMA_NODE in device.attributes:
+            device.attributes[numa] = device.attributes.pop(A.ATTR_NUMA_NODE)
 
 
 def _whole_gpu(inv: Inventory, gpu: GpuInfo) -> Device:
