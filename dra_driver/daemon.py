@@ -151,6 +151,7 @@ def _run_served(
     from dra_driver.controller.publisher import Publisher
     from dra_driver.health.admin import SOCKET_NAME, HealthAdminServer
     from dra_driver.health.claim_status import ClaimStatusReporter
+    from dra_driver.kube.events import node_event_poster
     from dra_driver.labels import apply_node_labels, node_labels
     from dra_driver.slices.builder import build_slices
     from dra_driver.telemetry import ReservedPods, register_gpu_metrics
@@ -186,6 +187,7 @@ def _run_served(
         ignored_xids=options.ignored_xids,
         on_change=health_changed,
         on_xid=collector.record_xid,
+        on_event=node_event_poster(api, settings.pool, settings.driver),  # a GPU that needs recovery, or recovered
     )
     claim_status = ClaimStatusReporter(
         KubeClaimSource(api, request_timeout=API_TIMEOUT_SECONDS),
@@ -264,7 +266,8 @@ def _node_configurator(
     republishes."""
     if options.node_configs is None:
         return None
-    from dra_driver.controller.nodeconfig import NodeConfig, NodeConfigurator, load_configs, node_event_poster
+    from dra_driver.controller.nodeconfig import NodeConfig, NodeConfigurator, load_configs
+    from dra_driver.kube.events import node_event_poster
 
     configurator: NodeConfigurator | None = None
 

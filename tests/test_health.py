@@ -276,3 +276,119 @@ def test_informational_taints_are_dropped_before_1_35(node: Node) -> None:
         d.inventory, node_name=NODE, driver=DRIVER, k8s_version="1.34", taints=publishable(h.monitor.taints(), "1.34")
     )
     d.close()
+
+
+# ----- NVML's recovery action (drivers from R565: the simulated dgx-b200) ----------------------------------
+RECOVERY = pynvml.nvmlEventTypeGpuRecoveryAction
+
+
+@pytest.fixture
+def b200(tmp_path: Path) -> Iterator[tuple[Health, list[tuple[str, str, str]]]]:
+    node = Node(tmp_path, "dgx-b200")
+    d = node.driver()
+    events: list[tuple[str, str, str]] = []
+    h = Health(node, d, on_event=lambda *e: events.append(e))
+    h.monitor.start()
+    assert h.monitor.ready.wait(5)
+    yield h, events
+    h.monitor.stop()
+    d.close()
+
+
+def test_the_simulated_gpu_reports_a_recovery_action_from_r565_and_a_reset_clears_it(tmp_path: Path) -> None:
+    old, new = SimulatedNvml("dgx-h100", tmp_path / "old"), SimulatedNvml("dgx-b200", tmp_path / "new")
+    field = [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+    for sim in (old, new):
+        sim.nvmlInit()
+        sim.inject_event(0, XID, xid=48)
+    (value,) = old.nvmlDeviceGetFieldValues(old.nvmlDeviceGetHandleByIndex(0), field)
+    assert value.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # a 550 driver has no verdict
+    assert not old.nvmlDeviceGetSupportedEventTypes(old.nvmlDeviceGetHandleByIndex(0)) & RECOVERY
+    h = new.nvmlDeviceGetHandleByIndex(0)
+    (value,) = new.nvmlDeviceGetFieldValues(h, field)
+    assert (value.nvmlReturn, value.value.uiVal) == (pynvml.NVML_SUCCESS, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+    new.inject_event(0, XID, xid=63)  # drain-and-reset is less severe: the reset stays
+    new.inject_event(0, XID, xid=79)  # fallen off the bus: a reboot now
+    assert [(e.event_type, e.data) for e in new.events.read().events if e.event_type == RECOVERY] == [
+        (RECOVERY, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET),
+        (RECOVERY, pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT),
+    ]
+    new.reset_gpu(0)
+    (value,) = new.nvmlDeviceGetFieldValues(h, field)
+    assert value.value.uiVal == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    assert new.events.read().events[-1].event_type == RECOVERY and new.events.read().events[-1].data == 0
+
+
+def test_nvidia_smi_refuses_to_reset_a_gpu_a_process_holds(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from dra_driver.simulator.tools.smi import run
+
+    sim = SimulatedNvml("dgx-b200", tmp_path / "gpu")
+    sim.nvmlInit()
+    sim.inject_event(2, XID, xid=95)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        sim.attach_process(2, holder.pid)
+        code, out, _ = run(sim.state_dir, ["--query-gpu=index,gpu_recovery_action", "--format=csv,noheader"])
+        assert code == 0 and "2, Reset" in out.splitlines() and "1, None" in out.splitlines()
+        code, out, _ = run(sim.state_dir, ["-r", "-i", "2"])
+        assert code == 255 and "In use by another client" in out and "1 device is currently being used" in out
+    finally:
+        holder.kill()
+        holder.wait()
+    code, out, _ = run(sim.state_dir, ["-r", "-i", "2"])
+    assert code == 0 and "was successfully reset" in out, out
+    code, out, _ = run(sim.state_dir, ["--query-gpu=gpu_recovery_action", "--format=csv,noheader", "-i", "2"])
+    assert out.strip() == "None"
+
+
+def test_an_xid_that_needs_a_reset_taints_the_gpu_until_the_reset_and_says_so(b200) -> None:
+    health, events = b200
+    health.node.sim.inject_event(4, XID, xid=48)  # double-bit ECC: NVML asks for a GPU reset
+    eventually(lambda: bool(health.tainted()))
+    tainted = health.tainted()
+    assert set(tainted) == health.gpu_devices(4) and len(tainted) > 1  # the GPU and every partition of it
+    assert all(ts == [("xid", "48", "NoExecute")] for ts in tainted.values())  # running work on it is lost
+    assert [(t, r) for t, r, _ in events] == [("Warning", "GpuNeedsRecovery")] and "gpu-reset" in events[0][2]
+    health.node.sim.reset_gpu(4)  # nvidia-smi -r: the action is none again
+    eventually(lambda: not health.tainted())
+    assert [(t, r) for t, r, _ in events][-1] == ("Normal", "GpuRecovered")
+    assert health.monitor.incidents() == []
+
+
+def test_an_xid_whose_recovery_action_is_none_taints_nothing_and_drains_taint_no_schedule(b200) -> None:
+    health, events = b200
+    health.node.sim.inject_event(1, XID, xid=13)  # an application fault: NVML says none
+    health.node.sim.inject_event(1, XID, xid=94)  # contained ECC: none as well, though not on our ignore list
+    health.node.sim.inject_event(0, XID, xid=63)  # row remapping: drain, then reset
+    eventually(lambda: bool(health.tainted()))
+    assert set(health.tainted()) == health.gpu_devices(0)
+    assert health.tainted()["gpu-0"] == [("xid", "63", "NoSchedule")]
+    assert [r for _, r, _ in events] == ["GpuNeedsRecovery"]
+
+
+def test_a_gpu_that_needed_a_reset_before_the_daemon_started_is_tainted_at_start(tmp_path: Path) -> None:
+    node = Node(tmp_path, "dgx-b200")
+    node.sim.inject_event(6, XID, xid=119)  # GSP timeout while no monitor listened
+    d = node.driver()
+    h = Health(node, d)
+    h.monitor.start()
+    try:
+        assert h.monitor.ready.wait(5)
+        eventually(lambda: bool(h.tainted()))
+        assert set(h.tainted()) == h.gpu_devices(6) and h.tainted()["gpu-6"] == [("xid", None, "NoExecute")]
+    finally:
+        h.monitor.stop()
+        d.close()
+
+
+def test_without_nvmls_verdict_the_xid_list_decides_and_the_taint_stays(health: Health) -> None:
+    health.node.sim.inject_event(2, XID, xid=48)  # the dgx-h100's 550 driver reports no recovery action
+    eventually(lambda: bool(health.tainted()))
+    assert health.tainted()["gpu-2"] == [("xid", "48", "NoSchedule")]
+    health.node.sim.reset_gpu(2)
+    health.node.sim.inject_event(3, XID, xid=48)  # a marker: handled after anything the reset caused
+    eventually(lambda: "gpu-3" in health.tainted())
+    assert "gpu-2" in health.tainted()  # sticky until an operator clears it

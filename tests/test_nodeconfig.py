@@ -15,8 +15,8 @@ from dra_driver.controller.nodeconfig import (
     NodeConfigurator,
     NodeLabelWatch,
     load_configs,
-    node_event_poster,
 )
+from dra_driver.kube.events import node_event_poster
 from dra_driver.slices.devices import PublishMode
 from tests.polling import wait_until
 

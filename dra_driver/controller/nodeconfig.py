@@ -15,7 +15,6 @@ import json
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,6 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300
 LIST_TIMEOUT_S = 10.0
-EVENT_TIMEOUT_S = 5.0
 RETRY_S = 5.0
 DEFAULT_NAME = "default"  # the daemon's own flags, when the Node has no label
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -212,30 +210,3 @@ class NodeLabelWatch:
     def _seen(self, node: dict[str, Any] | None) -> None:
         labels = ((node or {}).get("metadata") or {}).get("labels") or {}
         self._on_value(labels.get(self._label))
-
-
-def node_event_poster(rest: KubeRest, node_name: str, component: str) -> Callable[[str, str, str], None]:
-    """`post(type, reason, message)`: a core/v1 Event about the Node, as the kubelet writes them (namespace
-    default, the node's name as its uid). A failure is logged, never raised: an Event is a report, not a step."""
-
-    def post(event_type: str, reason: str, message: str) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{node_name}.", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name},
-            "type": event_type,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": component, "host": node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            rest.request("POST", path_of("", "v1", "events", namespace="default"), body=body, timeout=EVENT_TIMEOUT_S)
-        except Exception as e:
-            log.warning("event %s on node %s not recorded: %s", reason, node_name, e)
-
-    return post

@@ -5,9 +5,15 @@ GPU for XID-critical and ECC events and waits on the event set, as NVIDIA's driv
 (`cmd/gpu-kubelet-plugin/device_health.go`), and keeps a set of *incidents*; the taints of each published device
 are derived from them:
 
-- a critical XID not on the ignore list (default 13, 31, 43, 45, 68, 109: application errors): `NoSchedule`,
-  key `<driver>/xid`, value the XID; a double-bit ECC error: `NoSchedule`, key `<driver>/ecc`, value `double-bit`.
-  Single-bit (corrected) ECC errors are only logged.
+- a critical XID, judged by NVML's own verdict where the driver gives one (R565 on: the GPU's recovery action,
+  `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, and an event whenever it changes): none (or an IMEX-domain recovery, not
+  the GPU's) taints nothing; a drain (`drain-p2p`, `drain-and-reset`) taints the whole GPU and its partitions
+  `NoSchedule`, a reset or reboot `NoExecute` (the GPU is unusable until then: running work is lost), key
+  `<driver>/xid`, value the XID. Such a taint goes by itself when the action returns to none (the GPU was reset),
+  with a `GpuRecovered` Event. Where NVML has no verdict (older drivers), the XID list decides: an XID not on the
+  ignore list (default 13, 31, 43, 45, 68, 109: application errors) taints `NoSchedule` until an operator clears
+  it. A double-bit ECC error: `NoSchedule`, key `<driver>/ecc`, value `double-bit`. Single-bit (corrected) ECC
+  errors are only logged.
 - where an event lands: a GPU-level event (GPU and compute instance ids 0xFFFFFFFF) taints the whole GPU and every
   MIG partition published for it. A MIG-level event is routed to the partition whose live instance has the event's
   parent GPU and GPU/compute instance ids: first the plugin checkpoint (the instances this driver carved), then
@@ -21,11 +27,11 @@ are derived from them:
 - a GPU whose driver cannot deliver XID events (NOT_SUPPORTED): key `<driver>/unmonitored`, effect `None`
   (informational, Kubernetes 1.35+; `publishable()` drops it for older servers), so it is not trusted silently.
 
-XID and ECC incidents stay until an operator calls `clear(name)` (a device name, `gpu-<minor>`, or a GPU UUID;
-the node daemon serves it on a local socket, `dra_driver.health.admin`): it removes every XID/ECC incident that
-tainted that device, on all the devices they tainted. The current taints are `taints()` (`{device name:
-[DeviceTaint]}`), the incidents behind them `incidents()`; `on_change` is called (from the monitor thread, or from
-`clear`) whenever they change.
+ECC incidents, and XID incidents without NVML's verdict, stay until an operator calls `clear(name)` (a device name,
+`gpu-<minor>`, or a GPU UUID; the node daemon serves it on a local socket, `dra_driver.health.admin`): it removes
+every XID/ECC incident that tainted that device, on all the devices they tainted (a recovery taint too: operators
+keep the last word). The current taints are `taints()` (`{device name: [DeviceTaint]}`), the incidents behind them
+`incidents()`; `on_change` is called (from the monitor thread, or from `clear`) whenever they change.
 
 Every XID event, ignored ones included (counting is not tainting), is also passed to `on_xid(uuid, xid)` (the
 telemetry's XID counter): `uuid` is the MIG device's UUID for a MIG-level event whose MIG device can be found
@@ -51,12 +57,26 @@ from dra_driver.slices.naming import gpu_device_name
 
 log = logging.getLogger(__name__)
 
+Effect = Literal["None", "NoSchedule", "NoExecute"]
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 GPU_LEVEL = 0xFFFFFFFF
 XID = pynvml.nvmlEventTypeXidCriticalError
 SINGLE_BIT_ECC = pynvml.nvmlEventTypeSingleBitEccError
 DOUBLE_BIT_ECC = pynvml.nvmlEventTypeDoubleBitEccError
-WANTED_EVENTS = XID | SINGLE_BIT_ECC | DOUBLE_BIT_ECC
+RECOVERY = pynvml.nvmlEventTypeGpuRecoveryAction
+WANTED_EVENTS = XID | SINGLE_BIT_ECC | DOUBLE_BIT_ECC | RECOVERY
+# NVML's recovery actions: their names (in logs and Events) and the taint effect each calls for; None: no taint
+RECOVERY_ACTIONS: dict[int, tuple[str, Effect | None]] = {
+    pynvml.NVML_GPU_RECOVERY_ACTION_NONE: ("none", None),
+    pynvml.NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN: ("recover-imex-domain", None),  # the domain's, not the GPU's
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: ("drain-p2p", "NoSchedule"),
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: ("drain-and-reset", "NoSchedule"),
+    pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET: ("gpu-reset", "NoExecute"),
+    pynvml.NVML_GPU_RECOVERY_ACTION_BUS_RESET: ("bus-reset", "NoExecute"),
+    pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: ("node-reboot", "NoExecute"),
+    pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT: ("system-reboot", "NoExecute"),
+}
+UNKNOWN_ACTION: tuple[str, Effect | None] = ("unknown", "NoExecute")  # a newer driver's action: assume the worst
 MAX_DRAINED = 256  # events handled from a set being replaced: a storm must not keep the monitor off the new one
 INFORMATIONAL_EFFECT_MINOR = 35  # effect None is accepted from Kubernetes 1.35
 
@@ -65,9 +85,6 @@ def api_time_now() -> str:
     """Now as the API server writes metav1.Time (RFC 3339, UTC, whole seconds): taints' timeAdded, conditions'
     lastTransitionTime."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-Effect = Literal["None", "NoSchedule", "NoExecute"]
 
 
 class PluginView(Protocol):
@@ -90,6 +107,7 @@ class Incident:
     value: str | None
     effect: Effect
     time_added: str = field(default_factory=api_time_now)
+    recovery: str | None = None  # NVML's recovery action behind it: the incident ends when the GPU's is none again
 
     @property
     def clearable(self) -> bool:
@@ -118,7 +136,10 @@ class HealthMonitor:
         wait_ms: int = 5000,
         on_change: Callable[[], None] | None = None,
         on_xid: Callable[[str, int], None] | None = None,
+        on_event: Callable[[str, str, str], None] | None = None,
     ) -> None:
+        """`on_event(type, reason, message)`: a Kubernetes Event to record about the node (a GPU that needs a
+        reset or reboot, one that recovered)."""
         self.lib = lib
         self.plugin = plugin
         self.driver_name = driver_name
@@ -126,6 +147,8 @@ class HealthMonitor:
         self.wait_ms = wait_ms
         self.on_change = on_change
         self.on_xid = on_xid
+        self.on_event = on_event
+        self._last_xid: dict[str, int] = {}  # GPU UUID -> its latest XID, the value of a recovery taint
         self.ready = threading.Event()  # set once every GPU has been registered (or marked) the first time
         self._lock = threading.Lock()
         self._incidents: list[Incident] = []
@@ -206,7 +229,16 @@ class HealthMonitor:
         if gpu is None:
             log.warning("health: event 0x%x for unknown GPU %s", event_type, gpu_uuid)
             return
+        if event_type & RECOVERY:
+            self._recovery_action_is(gpu, data)
+            return
         if event_type & XID:
+            self._last_xid[gpu.uuid] = data
+            action = self.recovery_action(gpu)
+            if action is not None:  # NVML's verdict (its change also comes as an event; the later one wins)
+                log.info("health: XID %d on %s: NVML's recovery action is %s", data, gpu_uuid, _action(action)[0])
+                self._recovery_action_is(gpu, action)
+                return
             if data in self.ignored_xids:
                 log.info("health: ignoring XID %d on %s", data, gpu_uuid)
                 return
@@ -219,6 +251,51 @@ class HealthMonitor:
         devices = self._affected(gpu, gi_id, ci_id)
         log.warning("health: %s %s on %s (gi %d ci %d): tainting %s", kind, value, gpu_uuid, gi_id, ci_id, devices)
         self._add(Incident(kind, gpu.uuid, frozenset(devices), value, "NoSchedule"))
+
+    def recovery_action(self, gpu: GpuInfo) -> int | None:
+        """The GPU's recovery action as NVML reports it; None where the driver reports none (before R565)."""
+        try:
+            handle = self.lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            (value,) = self.lib.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        except pynvml.NVMLError as err:
+            log.info("health: recovery action of %s: %s", gpu.uuid, describe(err))
+            return None
+        if value.nvmlReturn != pynvml.NVML_SUCCESS:
+            return None
+        return int(value.value.uiVal)
+
+    def _recovery_action_is(self, gpu: GpuInfo, action: int) -> None:
+        """The GPU's recovery action now: its incident (one per GPU) follows it, and ends when it is none."""
+        name, effect = _action(action)
+        devices = frozenset(self._gpu_devices(gpu))  # a reset or reboot takes the whole GPU, partitions included
+        with self._lock:
+            before = next((i for i in self._incidents if i.recovery is not None and i.gpu_uuid == gpu.uuid), None)
+            if before is not None and (before.recovery, before.effect) == (name, effect):
+                return
+            self._incidents = [i for i in self._incidents if i is not before]
+            if effect is not None:
+                value = self._last_xid.get(gpu.uuid)
+                self._incidents.append(
+                    Incident("xid", gpu.uuid, devices, None if value is None else str(value), effect, recovery=name)
+                )
+        if effect is not None:
+            log.warning("health: GPU %s needs %s: tainting %s %s", gpu.uuid, name, sorted(devices), effect)
+            self._event("Warning", "GpuNeedsRecovery", f"GPU {gpu.uuid} (minor {gpu.minor}) needs {name} "
+                        f"(NVML recovery action): its devices are tainted {effect}")  # fmt: skip
+        elif before is not None:
+            log.info("health: GPU %s recovered (recovery action %s): taint removed", gpu.uuid, name)
+            self._event("Normal", "GpuRecovered", f"GPU {gpu.uuid} (minor {gpu.minor}) recovered: NVML's recovery "
+                        f"action is {name} again, its {before.recovery} taint is removed")  # fmt: skip
+        else:
+            return
+        self._changed()
+
+    def _event(self, event_type: str, reason: str, message: str) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event_type, reason, message)
+            except Exception:
+                log.exception("health: on_event failed")
 
     def _count_xid(self, gpu: GpuInfo | None, gpu_uuid: str, xid: int, gi_id: int, ci_id: int) -> None:
         if self.on_xid is None:
@@ -378,6 +455,8 @@ class HealthMonitor:
                     continue
                 self.lib.nvmlDeviceRegisterEvents(handle, WANTED_EVENTS & supported, self._event_set)
                 registered.add(gpu.uuid)
+                if supported & RECOVERY and (action := self.recovery_action(gpu)) is not None:
+                    self._recovery_action_is(gpu, action)  # what it needed before we listened (a daemon restart)
             except pynvml.NVMLError as e:
                 code = error_code(e)
                 if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
@@ -460,3 +539,7 @@ class HealthMonitor:
     def _wanted_any(self) -> bool:
         with self._lock:
             return any(g.uuid not in self._lost | self._unmonitored for g in self.plugin.inventory.gpus)
+
+
+def _action(action: int) -> tuple[str, Effect | None]:
+    return RECOVERY_ACTIONS.get(action, UNKNOWN_ACTION)

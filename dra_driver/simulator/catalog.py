@@ -119,6 +119,43 @@ class MachineSpec(_Strict):
     gpus: list[MachineGpu]
 
 
+RECOVERY_ACTIONS: dict[str, int] = {
+    "none": pynvml.NVML_GPU_RECOVERY_ACTION_NONE,
+    "gpu-reset": pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+    "node-reboot": pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT,
+    "drain-p2p": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P,
+    "drain-and-reset": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
+}
+RecoveryAction = Literal["none", "gpu-reset", "node-reboot", "drain-p2p", "drain-and-reset"]
+
+
+class XidRecovery(_Strict):
+    action: RecoveryAction
+    by_architecture: dict[Architecture, RecoveryAction] = {}
+
+
+class RecoveryCatalog(_Strict):
+    """data/xid-recovery.yaml: the recovery action a GPU reports after an XID, from driver `min_driver_major`."""
+
+    min_driver_major: int
+    xids: dict[int, XidRecovery]
+
+    def supported(self, driver_version: str) -> bool:
+        return int(driver_version.split(".")[0]) >= self.min_driver_major
+
+    def action(self, xid: int, architecture: str) -> int | None:
+        """The NVML recovery action after `xid` on a GPU of this architecture; None: the XID changes nothing."""
+        entry = self.xids.get(xid)
+        if entry is None:
+            return None
+        return RECOVERY_ACTIONS[entry.by_architecture.get(architecture, entry.action)]  # type: ignore[call-overload]
+
+
+@cache
+def recovery_catalog() -> RecoveryCatalog:
+    return RecoveryCatalog.model_validate(_load_yaml((_DATA / "xid-recovery.yaml").read_text()))
+
+
 @cache
 def product(key: str) -> ProductSpec:
     path = _DATA / "products" / f"{key}.yaml"

@@ -99,8 +99,8 @@ class EventStore:
                 log.supported[gpu] = mask
             self._write(log)
 
-    def supported(self, gpu: int) -> int:
-        return int(self.read().supported.get(gpu, SUPPORTED_EVENT_TYPES))
+    def supported(self, gpu: int, default: int = SUPPORTED_EVENT_TYPES) -> int:
+        return int(self.read().supported.get(gpu, default))
 
     def last_seq(self) -> int:
         return self.read().next_seq - 1

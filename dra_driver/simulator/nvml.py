@@ -33,15 +33,17 @@ from dra_driver.simulator.catalog import (
     ProductSpec,
     machine,
     product,
+    recovery_catalog,
 )
 from dra_driver.simulator.driverroot import ensure_driver_root, write_nvidia_smi
-from dra_driver.simulator.events import GPU_LEVEL, EventSetState, EventStore
+from dra_driver.simulator.events import GPU_LEVEL, SUPPORTED_EVENT_TYPES, EventSetState, EventStore
 from dra_driver.simulator.libnvml import write_conf
 from dra_driver.simulator.mig_rules import MigRuleError
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor, write_fake_procfs
 from dra_driver.simulator.state import (
     ComputeInstanceState,
     GpuInstanceState,
+    GpuProcess,
     GpuState,
     MachineState,
     StateStore,
@@ -55,6 +57,33 @@ from dra_driver.simulator.structs import (
 from dra_driver.simulator.sysfs import write_fake_sysfs
 
 _UUID_NAMESPACE = uuid.UUID("6f1c6d3e-6a43-4d39-9a4c-5b0b8d7f3a10")
+
+# Recovery actions, least to most severe: a GPU reports the worst one outstanding.
+_RECOVERY_SEVERITY = {
+    a: i
+    for i, a in enumerate(
+        (
+            pynvml.NVML_GPU_RECOVERY_ACTION_NONE,
+            pynvml.NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN,
+            pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P,
+            pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
+            pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+            pynvml.NVML_GPU_RECOVERY_ACTION_BUS_RESET,
+            pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT,
+            pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT,
+        )
+    )
+}
+
+
+def _start_time(pid: int) -> int | None:
+    """A live process's start time (/proc/<pid>/stat field 22), None when there is no such (live) process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
 
 # Handle address layout: kind | gpu index | GPU instance id | compute instance id.
 _KIND_DEVICE, _KIND_GPU_INSTANCE, _KIND_COMPUTE_INSTANCE, _KIND_MIG_DEVICE = 1, 2, 3, 4
@@ -418,10 +447,63 @@ class SimulatedNvml:
             return int(pynvml.NVML_SUCCESS)
 
     def reset_gpu(self, index: int) -> None:
-        """`nvidia-smi -r`: a pending MIG mode becomes current; MIG instances do not survive."""
+        """`nvidia-smi -r`: a pending MIG mode becomes current; MIG instances do not survive; the recovery action is
+        none again (and says so with an event). Nothing checks for processes here: `busy` is nvidia-smi's check."""
         with self._mutate(index) as gpu:
             gpu.mig_current = gpu.mig_pending
             gpu.gpu_instances = []
+            was, gpu.recovery_action = gpu.recovery_action, pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+            gpu.processes = []
+        if was != pynvml.NVML_GPU_RECOVERY_ACTION_NONE and self.recovery_supported:
+            self.events.append(index, pynvml.nvmlEventTypeGpuRecoveryAction, 0, GPU_LEVEL, GPU_LEVEL)
+
+    # ----- processes holding a GPU, and its recovery action ---------------------------------------------
+    def attach_process(self, index: int, pid: int) -> None:
+        """Process `pid` now holds GPU `index` (it created a CUDA context there), until it exits."""
+        start = _start_time(pid)
+        if start is None:
+            raise ProcessLookupError(pid)
+        with self._mutate(index) as gpu:
+            gpu.processes = [p for p in gpu.processes if p.pid != pid] + [GpuProcess(pid=pid, start_time=start)]
+
+    def busy(self, index: int) -> list[int]:
+        """The live processes holding GPU `index` (an exited one, or one whose pid was reused, holds nothing)."""
+        gpu = self.store.read().gpus[index]
+        return [p.pid for p in gpu.processes if _start_time(p.pid) == p.start_time]
+
+    @cached_property
+    def recovery_supported(self) -> bool:
+        """Whether this machine's driver reports GPU recovery actions (R565 and later)."""
+        return recovery_catalog().supported(self.spec.driver_version)
+
+    def _raise_recovery_action(self, index: int, xid: int) -> None:
+        """What the GPU asks for after `xid`: the most severe action outstanding, announced when it changes."""
+        action = recovery_catalog().action(xid, self.products[index].architecture)
+        if not self.recovery_supported or action is None:
+            return
+        with self.store.mutate() as state:
+            gpu = state.gpus[index]
+            before = gpu.recovery_action
+            gpu.recovery_action = max(before, action, key=_RECOVERY_SEVERITY.__getitem__)
+        if gpu.recovery_action != before:
+            self.events.append(index, pynvml.nvmlEventTypeGpuRecoveryAction, gpu.recovery_action, GPU_LEVEL, GPU_LEVEL)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> Any:
+        """Each value with its own return code, as NVML answers: the GPU recovery action from an R565 driver on,
+        NOT_SUPPORTED for every field this simulator does not model."""
+        _, gpu, _ = self._gpu(handle)
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        now_us = int(time.time() * 1_000_000)
+        for value, field_id in zip(values, field_ids, strict=True):
+            value.fieldId, value.scopeId = field_id if isinstance(field_id, tuple) else (field_id, 0)
+            value.timestamp = now_us
+            if value.fieldId == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and self.recovery_supported:
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.recovery_action
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
 
     def set_gpu_lost(self, index: int, lost: bool = True) -> None:
         """The GPU falls off the bus (every call on it then fails with GPU_IS_LOST) or comes back."""
@@ -788,14 +870,18 @@ class SimulatedNvml:
         state = self._event_set(event_set)
         self._event_sets = {a: s for a, s in self._event_sets.items() if s is not state}
 
+    @property
+    def _default_events(self) -> int:
+        return int(SUPPORTED_EVENT_TYPES | (pynvml.nvmlEventTypeGpuRecoveryAction if self.recovery_supported else 0))
+
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         index = self._gpu(handle)[0]
-        return self.events.supported(index)
+        return self.events.supported(index, self._default_events)
 
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
         index = self._gpu(handle)[0]
         state = self._event_set(event_set)
-        if event_types & ~self.events.supported(index):
+        if event_types & ~self.events.supported(index, self._default_events):
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvml.h: some of the types are not supported
         state.masks[index] = state.masks.get(index, 0) | event_types
 
@@ -833,10 +919,13 @@ class SimulatedNvml:
         `gi_id`/`ci_id` are set. Seen by every process using this state directory. Returns the sequence number."""
         if not 0 <= index < len(self.spec.gpus):
             raise IndexError(f"no GPU {index}")
-        return self.events.append(index, event_type, xid, gi_id, ci_id)
+        seq = self.events.append(index, event_type, xid, gi_id, ci_id)
+        if event_type & pynvml.nvmlEventTypeXidCriticalError:
+            self._raise_recovery_action(index, xid)
+        return seq
 
     def set_supported_events(self, index: int, mask: int | None) -> None:
-        """Which event types GPU `index` supports (None: the default, XID and ECC)."""
+        """Which event types GPU `index` supports (None: the default, XID and ECC, and recovery actions from R565)."""
         self.events.set_supported(index, mask)
 
     # ----- end of events ---------------------------------------------------------------------------------

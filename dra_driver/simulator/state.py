@@ -35,11 +35,21 @@ class GpuInstanceState(BaseModel):
     compute_instances: list[ComputeInstanceState] = []
 
 
+class GpuProcess(BaseModel):
+    """A process that holds the GPU (a CUDA context): its pid and start time (/proc/<pid>/stat field 22), so that
+    another process that got the pid later is not taken for it."""
+
+    pid: int
+    start_time: int
+
+
 class GpuState(BaseModel):
     mig_current: int = 0
     mig_pending: int = 0
     lost: bool = False
     gpu_instances: list[GpuInstanceState] = []
+    recovery_action: int = 0  # NVML_GPU_RECOVERY_ACTION_*: what the driver asks for after an XID
+    processes: list[GpuProcess] = []
 
 
 class MachineState(BaseModel):

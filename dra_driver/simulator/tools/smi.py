@@ -3,7 +3,10 @@
 - `nvidia-smi compute-policy [-i <id>] --set-timeslice <0..3>`: a whole GPU's time slice (MIG devices: 3)
 - `nvidia-smi [-i <id>] -c <DEFAULT|EXCLUSIVE_PROCESS|PROHIBITED|0|2|3>`: compute mode, through the simulator's
   NVML (`nvmlDeviceSetComputeMode`, as the real one does); a MIG device has none of its own (3)
-- `nvidia-smi [-i <id>] --query-gpu=<fields> --format=csv[,noheader]`; `nvidia-smi -L`
+- `nvidia-smi [-i <id>] --query-gpu=<fields> --format=csv[,noheader]` (index, uuid, name, pci.bus_id, compute_mode,
+  gpu_recovery_action); `nvidia-smi -L`
+- `nvidia-smi -r [-i <id>]`: reset GPUs (every GPU without `-i`); refused (255) for a GPU a live process holds,
+  as the real one refuses: the simulator's reset (`SimulatedNvml.reset_gpu`) clears its recovery action
 
 `<id>`: GPU index or UUID, comma-separated. Exit codes (nvidia-smi(1)): 2 bad arguments, 3 not supported on the
 device, 6 no such device, 9 no driver, 15 GPU lost.
@@ -28,7 +31,20 @@ NO_DEVICES_MESSAGE = "No devices were found"
 COMPUTE_MODES = {"DEFAULT": 0, "0": 0, "PROHIBITED": 2, "2": 2, "EXCLUSIVE_PROCESS": 3, "3": 3}
 _VALUED = {"-i": "id", "--id": "id", "-c": "compute-mode", "--compute-mode": "compute-mode",
            "--query-gpu": "query-gpu", "--format": "format", "--set-timeslice": "set-timeslice"}  # fmt: skip
-_FLAGS = {"-L": "list-gpus", "--list-gpus": "list-gpus"}
+_FLAGS = {"-L": "list-gpus", "--list-gpus": "list-gpus", "-r": "gpu-reset", "--gpu-reset": "gpu-reset"}
+RECOVERY_ACTION_NAMES = {  # as nvidia-smi -q prints "GPU Recovery Action"
+    pynvml.NVML_GPU_RECOVERY_ACTION_NONE: "None",
+    pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET: "Reset",
+    pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: "Reboot",
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: "Drain P2P",
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: "Drain and Reset",
+}
+IN_USE_MESSAGE = (
+    "{n} device is currently being used by one or more other processes (e.g., Fabric Manager, CUDA application, "
+    "graphics application such as an X server, or a monitoring application such as another instance of "
+    "nvidia-smi). Please first kill all processes using this device and all compute applications running in the "
+    "system."
+)
 
 
 class Failure(Exception):
@@ -58,7 +74,11 @@ def parse(args: list[str]) -> tuple[str | None, dict[str, str]]:
         else:
             raise Failure(BAD_ARGUMENTS, BAD_MESSAGE)
         i += 1
-    allowed = {"id", "set-timeslice"} if sub else {"id", "compute-mode", "query-gpu", "format", "list-gpus"}
+    allowed = (
+        {"id", "set-timeslice"} if sub else {"id", "compute-mode", "query-gpu", "format", "list-gpus", "gpu-reset"}
+    )
+    if "gpu-reset" in options and set(options) - {"gpu-reset", "id"}:
+        raise Failure(BAD_ARGUMENTS, BAD_MESSAGE)
     if set(options) - allowed or (sub and "set-timeslice" not in options):
         raise Failure(BAD_ARGUMENTS, BAD_MESSAGE)
     if ("query-gpu" in options) != ("format" in options) or ("compute-mode" in options and "query-gpu" in options):
@@ -142,6 +162,7 @@ class Smi:
             "name": lambda h: str(self.nvml.nvmlDeviceGetName(h)),
             "pci.bus_id": self.bus_id,
             "compute_mode": lambda h: MODE_NAMES[self.nvml.nvmlDeviceGetComputeMode(h)],
+            "gpu_recovery_action": self.recovery_action,
         }
         names = [f.strip() for f in fields.split(",")]
         for f in names:
@@ -155,6 +176,27 @@ class Smi:
         for h in handles:
             self.bus_id(h)  # a lost GPU fails the query
             self.out.append(", ".join(getters[f](h) for f in names))
+
+    def recovery_action(self, handle: Any) -> str:
+        (value,) = self.nvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        if value.nvmlReturn != pynvml.NVML_SUCCESS:
+            return "[N/A]"
+        return RECOVERY_ACTION_NAMES.get(value.value.uiVal, "Unknown")
+
+    def reset(self, ids: str | None) -> None:
+        handles = self.devices(ids)
+        if any(self.is_mig(h) for h in handles):
+            raise Failure(NOT_SUPPORTED, "Resetting a MIG device is not supported: reset its GPU.")
+        busy = [(h, self.bus_id(h)) for h in handles if self.nvml.busy(self.nvml.nvmlDeviceGetIndex(h))]
+        if busy:
+            lines = ["The following GPUs could not be reset:"]
+            lines += [f"  GPU {bus}: In use by another client" for _, bus in busy]
+            raise Failure(OTHER, "\n".join([*lines, "", IN_USE_MESSAGE.format(n=len(busy))]))
+        for handle in handles:
+            bus = self.bus_id(handle)
+            self.nvml.reset_gpu(self.nvml.nvmlDeviceGetIndex(handle))
+            self.out.append(f"GPU {bus} was successfully reset.")
+        self.out.append("All done.")
 
     def list_gpus(self) -> None:
         for index, handle in enumerate(self.devices(None)):
@@ -174,6 +216,8 @@ def run(state_dir: Path, args: list[str]) -> tuple[int, str, str]:
             smi.set_compute_mode(ids, options["compute-mode"])
         elif "query-gpu" in options:
             smi.query(ids, options["query-gpu"], options["format"])
+        elif "gpu-reset" in options:
+            smi.reset(ids)
         else:
             smi.list_gpus()
     except Failure as f:  # nvidia-smi prints its errors on stdout
