@@ -314,8 +314,11 @@ def test_node_configs_reach_the_daemon_with_the_rbac_they_need(helm: Helm, tmp_p
     assert plugin["mounts"]["node-configs"]["mountPath"] == "/etc/dra-driver/node-configs"
     assert any(v.get("configMap", {}).get("name") == f"{FULLNAME}-node-configs" for v in plugin["pod"]["volumes"])
     role = _one(objs, "ClusterRole", f"{FULLNAME}-node-configs")
-    assert {(r["resources"][0], tuple(r["verbs"])) for r in role["rules"]} == {
-        ("nodes", ("get", "list", "watch")), ("events", ("create",))}  # fmt: skip
+    assert {(r["resources"][0], tuple(r["verbs"])) for r in role["rules"]} == {("nodes", ("get", "list", "watch"))}
+    main_role = _one(
+        objs, "ClusterRole", f"{FULLNAME}-node"
+    )  # Events on the Node: health and node configurations alike
+    assert ("events", ("create",)) in {(r["resources"][0], tuple(r["verbs"])) for r in main_role["rules"]}
     template = _one(objs, "DaemonSet", FULLNAME)["spec"]["template"]["metadata"]
     assert "checksum/node-configs" in template["annotations"]  # a changed configuration rolls the daemons
     label = _plugin(_render(helm, "--set-json", f"nodeConfigs.configs={json.dumps(configs)}",

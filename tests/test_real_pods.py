@@ -219,10 +219,10 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def deployed(node: Node, values: Sequence[str] = ()) -> Iterator[Cluster]:
-    """The driver installed by its chart (extra helm `values`) and the test namespace; both removed at the end,
-    then the driver's and the kubelet's logs checked for problems (tests.cluster.logs)."""
-    release = DriverRelease(node, values=values)
+def deployed(node: Node, values: Sequence[str] = (), machine: str = "dgx-h100") -> Iterator[Cluster]:
+    """The driver installed by its chart (extra helm `values`, simulated GPUs of `machine`) and the test namespace;
+    both removed at the end, then the driver's and the kubelet's logs checked for problems (tests.cluster.logs)."""
+    release = DriverRelease(node, values=values, machine=machine)
     release.install()
     node.cp.kubectl("create", "namespace", NS)
     try:
