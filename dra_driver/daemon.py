@@ -151,6 +151,7 @@ def _run_served(
     from dra_driver.controller.publisher import Publisher
     from dra_driver.health.admin import SOCKET_NAME, HealthAdminServer
     from dra_driver.health.claim_status import ClaimStatusReporter
+    from dra_driver.health.device_data import device_data_source
     from dra_driver.kube.events import node_event_poster
     from dra_driver.labels import apply_node_labels, node_labels
     from dra_driver.slices.builder import build_slices
@@ -194,7 +195,9 @@ def _run_served(
         settings.driver,
         lambda: list(driver.checkpoint.claims.values()),
         health.taints,
+        data=device_data_source(source.lib, lambda: driver.inventory, lambda: driver.catalog),
     )
+    driver.on_prepared = claim_status.trigger  # a prepared claim's devices are described in its status at once
     admin = HealthAdminServer(health, settings.plugin_dir / SOCKET_NAME)
 
     def device_taints() -> dict[str, list[DeviceTaint]]:

@@ -306,3 +306,75 @@ def test_claim_status_follows_the_health_of_its_device(control_plane, tmp_path: 
         driver.close()
         for c in created:
             cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+
+
+# ----- data: what the node daemon says of each prepared device (KEP-4817) ---------------------------------------
+def test_with_a_data_source_every_prepared_claim_gets_its_entries_at_once_and_data_changes_are_written(
+    world: Any,
+) -> None:
+    api, entries, taints, clock = world
+    one = entry("one", "gpu-0")
+    api.add(one)
+    entries.append(one)
+    described = {"gpu-0": {"uuid": "GPU-0", "computeMode": "Default"}}
+    r = ClaimStatusReporter(
+        api, DRIVER, lambda: list(entries), lambda: dict(taints), clock=clock, data=lambda e, d: described[d.device]
+    )
+    assert r.sync_once() and len(api.applied) == 1  # healthy, but with something to say
+    (written,) = api.applied[0]["status"]["devices"]
+    assert written["data"] == {"uuid": "GPU-0", "computeMode": "Default"}
+    assert written["conditions"][0]["status"] == "True"
+    assert r.sync_once() and len(api.applied) == 1
+    described["gpu-0"] = {"uuid": "GPU-0", "computeMode": "Exclusive_Process"}
+    assert r.sync_once() and len(api.applied) == 2
+    assert api.applied[-1]["status"]["devices"][0]["data"]["computeMode"] == "Exclusive_Process"
+    taints["gpu-0"] = [taint("xid", "48", "NoExecute")]
+    assert r.sync_once() and len(api.applied) == 3
+    (again,) = api.applied[-1]["status"]["devices"]
+    assert again["conditions"][0]["reason"] == "XID" and again["data"]["computeMode"] == "Exclusive_Process"
+    # a restarted daemon reads what its predecessor wrote, data included, and writes nothing when it is the same
+    fresh = ClaimStatusReporter(
+        api, DRIVER, lambda: list(entries), lambda: dict(taints), clock=clock, data=lambda e, d: described[d.device]
+    )
+    assert fresh.sync_once() and len(api.applied) == 3
+
+
+def test_device_data_names_the_gpu_the_partition_and_the_sharing(tmp_path: Path) -> None:
+    from dra_driver.health.device_data import device_data_source
+    from tests.plugin_helpers import Node, ref
+    from tests.test_sharing import time_slicing
+
+    node = Node(tmp_path)
+    d = node.driver()
+    try:
+        whole, mig, sliced = (
+            claim(["gpu-0"]),
+            claim(["gpu-2-mig-3g40gb-9-4"], device_class="mig"),
+            claim(["gpu-5"], config=[time_slicing("Long")]),
+        )
+        for c in (whole, mig, sliced):
+            node.add(c)
+            assert d.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
+        data = device_data_source(node.sim, lambda: d.inventory, lambda: d.catalog)
+
+        def of(c: dict[str, Any]) -> dict[str, Any]:
+            e = d.checkpoint.claims[c["metadata"]["uid"]]
+            out = data(e, e.devices[0])
+            assert out is not None
+            return out
+
+        versions = {"driverVersion": "550.54.15", "cudaDriverVersion": d.inventory.cuda_driver_version}
+        gpu0, gpu2 = d.inventory.gpu_by_minor(0), d.inventory.gpu_by_minor(2)
+        assert of(whole) == {"productName": gpu0.product_name, "uuid": gpu0.uuid, "computeMode": "Default", **versions}
+        live = d.checkpoint.claims[mig["metadata"]["uid"]].devices[0].mig
+        assert live is not None
+        assert of(mig) == {
+            "productName": gpu2.product_name,
+            "parentUUID": gpu2.uuid,
+            "uuid": live.uuid,
+            "mig": {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}},
+            **versions,
+        }
+        assert of(sliced)["sharing"] == {"strategy": "TimeSlicing", "interval": "Long"}
+    finally:
+        d.close()

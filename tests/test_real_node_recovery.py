@@ -3,7 +3,8 @@ recovery action). An XID whose recovery action is none taints nothing; one that 
 `NoExecute` and the pod holding it (its claim tolerates the taint, so the device-taint-eviction controller leaves it
 running) shows the device Unhealthy; `nvidia-smi -r` on the simulated driver root is refused while a process holds
 the GPU, then resets it: the taint goes with no operator command, an Event on the Node says so, the pod shows the
-device Healthy again, and once that pod is gone a new claim that does not tolerate anything gets the device."""
+device Healthy again, and once that pod is gone a new claim that does not tolerate anything gets the device. The
+claim's `status.devices` entry describes the GPU (`data`) and follows its health (`DeviceHealthy`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pynvml
 import pytest
@@ -48,6 +50,17 @@ def node_events(cluster: Cluster, reason: str) -> list[str]:
     return [str(e["message"]) for e in events]
 
 
+def claim_status(cluster: Cluster, claim: dict[str, Any], health: str) -> dict[str, Any] | None:
+    """The driver's status.devices entry of the claim's one device, once its DeviceHealthy status is `health`."""
+    got = cluster.cp.kubectl_json("get", "resourceclaim", claim["metadata"]["name"], "-n", NS)
+    for entry in (got.get("status") or {}).get("devices") or []:
+        if entry["driver"] == D and any(
+            c["type"] == "DeviceHealthy" and c["status"] == health for c in entry["conditions"]
+        ):
+            return dict(entry)
+    return None
+
+
 def test_a_gpu_that_needs_a_reset_is_tainted_until_it_is_reset_then_serves_a_new_claim(cluster: Cluster) -> None:
     tolerating = req("gpu", GPU, tolerations=[{"key": f"{D}/xid", "operator": "Exists", "effect": "NoExecute"}])
     cluster.apply(template("tolerating-gpu", tolerating), pod("holder", template_name="tolerating-gpu"))
@@ -61,6 +74,10 @@ def test_a_gpu_that_needs_a_reset_is_tainted_until_it_is_reset_then_serves_a_new
     sim = SimulatedNvml(release.machine, release.sim_state / release.machine)
     index = sim.gpu_uuids.index(cluster.attribute(device, "uuid"))
     wait_health(cluster, "holder", resource_id, "Healthy")
+    uuid = cluster.attribute(device, "uuid")
+    status = wait_until("the claim's device status", lambda: claim_status(cluster, claim, "True"), 30)
+    assert status["data"]["uuid"] == uuid and status["data"]["computeMode"] == "Default", status
+    assert status["data"]["driverVersion"] == sim.spec.driver_version, status
 
     # An application fault: NVML's recovery action stays none, nothing is tainted.
     sim.inject_event(index, pynvml.nvmlEventTypeXidCriticalError, xid=XID_NONE)
@@ -76,6 +93,8 @@ def test_a_gpu_that_needs_a_reset_is_tainted_until_it_is_reset_then_serves_a_new
     assert message == f"{D}/xid={XID_RESET}:NoExecute"
     assert cluster.cp.kubectl_json("get", "pod", "holder", "-n", NS)["status"]["phase"] == "Running"  # tolerated
     assert any("needs gpu-reset" in m for m in node_events(cluster, "GpuNeedsRecovery"))
+    sick = wait_until("the claim's device status False", lambda: claim_status(cluster, claim, "False"), 30)
+    assert sick["conditions"][0]["reason"] == "XID" and sick["data"]["uuid"] == uuid, sick
 
     # The reset, as an operator (or a remediation controller) runs it on the host: refused while a process holds
     # the GPU, as the real nvidia-smi refuses; done once it has exited.
@@ -95,9 +114,10 @@ def test_a_gpu_that_needs_a_reset_is_tainted_until_it_is_reset_then_serves_a_new
     wait_health(cluster, "holder", resource_id, "Healthy")
     assert any(device in m or sim.gpu_uuids[index] in m for m in node_events(cluster, "GpuRecovered"))
 
+    wait_until("the claim's device status True again", lambda: claim_status(cluster, claim, "True"), 30)
+
     # The device serves a claim that tolerates nothing, once the pod that held it is gone.
     cluster.cp.kubectl("delete", "pod", "holder", "-n", NS, "--wait=true", timeout=120)
-    uuid = cluster.attribute(device, "uuid")
     pinned = req("gpu", GPU, selectors=[{"cel": {"expression": f"device.attributes['{D}'].uuid == '{uuid}'"}}])
     cluster.apply(template("that-gpu", pinned), pod("after-reset", template_name="that-gpu"))
     cluster.wait_running("after-reset")

@@ -156,6 +156,7 @@ class AllocatedDeviceStatus(ApiModel):
     device: str
     share_id: str | None = Field(default=None, alias="shareID")
     conditions: list[DeviceCondition] = Field(default_factory=list)
+    data: dict[str, Any] | None = None  # the driver's own description of the device (any JSON object)
 
 
 class ResourceClaimStatus(ApiModel):

@@ -8,8 +8,11 @@ For every claim the plugin prepared (its checkpoint), each device it holds from 
 - ``Unknown`` while it is only marked unmonitored (reason ``Unmonitored``): nothing can be said about it;
 - ``True`` (reason ``Healthy``) once its taints are gone: recovered, or cleared by an operator.
 
-A claim gets entries only once one of its devices is unhealthy (or at start, when a previous run left entries
-behind); then every change is written. ``lastTransitionTime`` changes only when the status does.
+With a `data` source (the node daemon's: `dra_driver.health.device_data`), every prepared claim gets its entries
+at once, each with ``data`` describing the device (UUID, MIG profile and placement, compute mode, sharing, driver
+and CUDA versions), rewritten when the data or the health changes. Without one, a claim gets entries only once one
+of its devices is unhealthy (or at start, when a previous run left entries behind); then every change is written.
+``lastTransitionTime`` changes only when the status does.
 
 Writes are server-side apply on the status subresource under field manager ``dra-driver-health``: this driver
 owns only its own entries (list-map key driver, pool, device, shareID), entries of other drivers and writers
@@ -32,7 +35,7 @@ from typing import Any, Protocol
 from dra_driver.api import API_VERSION
 from dra_driver.api.claim import ResourceClaim
 from dra_driver.api.slice import DeviceTaint
-from dra_driver.claimstate.checkpoint import ClaimEntry, ClaimState
+from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry, ClaimState
 from dra_driver.health.monitor import api_time_now
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,18 @@ class Condition:
 
 
 Key = tuple[str, str, str | None]  # pool, device, shareID (the driver is always this one)
+DeviceData = Callable[[ClaimEntry, CheckpointedDevice], dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What this driver says of one device in a claim's status."""
+
+    condition: Condition
+    data: dict[str, Any] | None = None
+
+    def same(self, other: Entry) -> bool:
+        return self.condition.same(other.condition) and self.data == other.data
 
 
 def _describe(kind: str, taint: DeviceTaint) -> str:
@@ -109,15 +124,17 @@ class ClaimStatusReporter:
         resync_seconds: float = 30.0,
         retry_seconds: float = 5.0,
         clock: Callable[[], str] = api_time_now,
+        data: DeviceData | None = None,
     ) -> None:
         self.api = api
+        self.data = data
         self.driver_name = driver_name
         self.claims = claims
         self.taints = taints
         self.resync_seconds = resync_seconds
         self.retry_seconds = retry_seconds
         self.clock = clock
-        self._applied: dict[str, dict[Key, Condition]] = {}  # claim uid -> what its status says now
+        self._applied: dict[str, dict[Key, Entry]] = {}  # claim uid -> what its status says now
         self._unverified: set[str] | None = None  # claims prepared before this process: read their status once
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -174,9 +191,12 @@ class ClaimStatusReporter:
                 log.warning("claim %s/%s: writing device health failed: %s", entry.namespace, entry.name, e)
         return ok
 
-    def _desired(self, entry: ClaimEntry, taints: Mapping[str, list[DeviceTaint]]) -> dict[Key, Condition]:
+    def _desired(self, entry: ClaimEntry, taints: Mapping[str, list[DeviceTaint]]) -> dict[Key, Entry]:
         return {
-            (d.pool, d.device, d.share_id): device_condition(d.device, taints.get(d.device, [])) for d in entry.devices
+            (d.pool, d.device, d.share_id): Entry(
+                device_condition(d.device, taints.get(d.device, [])), self.data(entry, d) if self.data else None
+            )
+            for d in entry.devices
         }
 
     def _sync_claim(self, entry: ClaimEntry, taints: Mapping[str, list[DeviceTaint]]) -> None:
@@ -188,16 +208,17 @@ class ClaimStatusReporter:
             self._applied[entry.uid] = self._read(entry)
             self._unverified.discard(entry.uid)
         applied = self._applied.get(entry.uid, {})
-        if not applied and all(c.status == "True" for c in desired.values()):
-            return  # healthy and never reported: nothing to say
-        if applied.keys() == desired.keys() and all(applied[k].same(c) for k, c in desired.items()):
+        if not applied and self.data is None and all(e.condition.status == "True" for e in desired.values()):
+            return  # healthy and never reported, nothing else to say: nothing to write
+        if applied.keys() == desired.keys() and all(applied[k].same(e) for k, e in desired.items()):
             return
         now = self.clock()
-        written: dict[Key, Condition] = {}
-        for key, c in desired.items():
-            before = applied.get(key)
-            since = before.last_transition_time if before is not None and before.status == c.status else ""
-            written[key] = Condition(c.status, c.reason, c.message, since or now)
+        written: dict[Key, Entry] = {}
+        for key, e in desired.items():
+            before, c = applied.get(key), e.condition
+            kept = before is not None and before.condition.status == c.status
+            since = before.condition.last_transition_time if before is not None and kept else ""
+            written[key] = Entry(Condition(c.status, c.reason, c.message, since or now), e.data)
         body = {
             "apiVersion": API_VERSION,
             "kind": "ResourceClaim",
@@ -219,18 +240,20 @@ class ClaimStatusReporter:
             "claim %s/%s: device health %s",
             entry.namespace,
             entry.name,
-            ", ".join(f"{k[1]}={c.status}({c.reason})" for k, c in written.items()),
+            ", ".join(f"{k[1]}={e.condition.status}({e.condition.reason})" for k, e in written.items()),
         )
 
-    def _entry(self, key: Key, c: Condition) -> dict[str, Any]:
+    def _entry(self, key: Key, e: Entry) -> dict[str, Any]:
         pool, device, share_id = key
         out: dict[str, Any] = {"driver": self.driver_name, "pool": pool, "device": device}
         if share_id:
             out["shareID"] = share_id
-        out["conditions"] = [c.to_api()]
+        out["conditions"] = [e.condition.to_api()]
+        if e.data is not None:
+            out["data"] = e.data
         return out
 
-    def _read(self, entry: ClaimEntry) -> dict[Key, Condition]:
+    def _read(self, entry: ClaimEntry) -> dict[Key, Entry]:
         """Our DeviceHealthy conditions on the claim as the API server has it ({} when it was replaced)."""
         try:
             claim = self.api.get_claim(entry.namespace, entry.name)
@@ -240,15 +263,14 @@ class ClaimStatusReporter:
             raise
         if claim.metadata.uid != entry.uid:
             return {}
-        out: dict[Key, Condition] = {}
+        out: dict[Key, Entry] = {}
         for d in claim.status.devices:
             if d.driver != self.driver_name:
                 continue
             for c in d.conditions:
                 if c.type == CONDITION_TYPE:
-                    out[(d.pool, d.device, d.share_id)] = Condition(
-                        c.status, c.reason, c.message, c.last_transition_time
-                    )
+                    condition = Condition(c.status, c.reason, c.message, c.last_transition_time)
+                    out[(d.pool, d.device, d.share_id)] = Entry(condition, d.data)
         return out
 
 

@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -133,6 +133,7 @@ class Driver:
         settings.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._thread_lock = threading.Lock()
         self.calls = 0  # prepares and unprepares so far (the daemon trims memory once they stop)
+        self.on_prepared: Callable[[], None] | None = None  # after a call that prepared a claim (its status to write)
         self._lock_path = settings.plugin_dir / "pu.lock"
         self._boot_id = boot_id
         # nvidia-smi and the MPS control daemon from the driver root, as NVIDIA's driver runs them
@@ -263,7 +264,10 @@ class Driver:
         classes: dict[str, DeviceClass | ClaimFailure] = {}
         for ref in claims:  # API reads outside the device lock
             fetched[ref.uid] = self._fetch(ref, classes, call)
-        return {ref.uid: self._prepare_one(ref, fetched[ref.uid], classes, call) for ref in claims}
+        results = {ref.uid: self._prepare_one(ref, fetched[ref.uid], classes, call) for ref in claims}
+        if self.on_prepared is not None and any(r.failure is None for r in results.values()):
+            self.on_prepared()
+        return results
 
     def _prepare_one(
         self,
