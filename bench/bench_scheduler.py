@@ -10,7 +10,11 @@ created at once and timed until every one is bound (spec.nodeName set).
 With --extended: whole GPUs asked for by a claim of the pod's, and by `nvidia.com/gpu: 1` in its limits as written
 for NVIDIA's device plugin (the scheduler creates the claim), side by side on the static and partitionable layouts.
 
-Run: python bench/bench_scheduler.py [--quick | --extended] [--nodes N] [--pods-per-node K]. Prints one table.
+With --numa: pods with one claim of four whole GPUs, with and without `matchAttribute` on the GPUs' NUMA node
+(`numaNode`: a DGX H100 has four GPUs per NUMA node), two pods per node, on the static layout.
+
+Run: python bench/bench_scheduler.py [--quick | --extended | --numa] [--nodes N] [--pods-per-node K]. Prints one
+table.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.devices import PublishMode
 from tests.cluster.controlplane import ControlPlane
 from tests.test_allocbench import class_name, classes, fleet
@@ -40,6 +45,8 @@ WORKLOADS = {"whole GPUs": ("gpu",), "MIG mix": ("mig-1g.10gb", "gpu", "mig-3g.4
 # the class whose extendedResourceName it is (deviceclasses/gpu.yaml, mig-*.yaml).
 EXTENDED = "nvidia.com/gpu in limits"
 WORKLOADS[EXTENDED] = ("gpu",)
+FOUR, FOUR_NUMA = "4 GPUs", "4 GPUs on one NUMA node"
+WORKLOADS[FOUR] = WORKLOADS[FOUR_NUMA] = ("gpu",)
 METRICS = {
     "attempt": ("scheduler_scheduling_attempt_duration_seconds", {"result": "scheduled"}),
     "prefilter": ("scheduler_plugin_execution_duration_seconds", {"plugin": "DynamicResources",
@@ -89,13 +96,19 @@ def extended_resource_pod(i: int, resource: str) -> dict[str, Any]:
                                      "resources": {"limits": {resource: "1"}}}]}}  # fmt: skip
 
 
-def claim_and_pod(i: int, cls: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def claim_and_pod(i: int, cls: str, workload: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     name = f"p{i:05d}"
+    exactly: dict[str, Any] = {"deviceClassName": class_name(cls)}
+    devices: dict[str, Any] = {"requests": [{"name": "r", "exactly": exactly}]}
+    if workload in (FOUR, FOUR_NUMA):
+        exactly["count"] = 4
+    if workload == FOUR_NUMA:
+        devices["constraints"] = [{"matchAttribute": f"{DEFAULT_DRIVER_NAME}/numaNode"}]  # 1.36: our domain's
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": class_name(cls)}}]}},
+        "spec": {"devices": devices},
     }
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
            "spec": {"containers": [{"name": "c", "image": "registry.invalid/x",
@@ -168,7 +181,7 @@ def run_layout(mode: PublishMode, workload: str, nodes: int, per_node: int, tmp:
         if workload == EXTENDED:
             to_create = [extended_resource_pod(i, "nvidia.com/gpu") for i in range(pods)]
         else:
-            pairs = [claim_and_pod(i, kinds[i % len(kinds)]) for i in range(pods)]
+            pairs = [claim_and_pod(i, kinds[i % len(kinds)], workload) for i in range(pods)]
             create_all(api, "resourceclaims", [c for c, _ in pairs], namespaced=True)
             to_create = [p for _, p in pairs]
         time.sleep(2.0)  # the scheduler's informers catch up with the slices and claims before the clock starts
@@ -202,10 +215,16 @@ def main() -> None:
     parser.add_argument("--extended", action="store_true",
                         help=f"whole GPUs asked for by a claim vs by {EXTENDED}, on the static and partitionable "
                              "layouts")  # fmt: skip
+    parser.add_argument(
+        "--numa", action="store_true", help="four-GPU claims with and without matchAttribute on numaNode, two per node"
+    )
     args = parser.parse_args()
     nodes, per_node = (20, 1) if args.quick else (args.nodes, args.pods_per_node)
     cases = [(PublishMode.PARTITIONABLE, "whole GPUs"), (PublishMode.GPUS, "whole GPUs")]
-    if args.extended:
+    if args.numa:
+        per_node = 2  # four GPUs each: a DGX H100 full
+        cases = [(PublishMode.STATIC, FOUR), (PublishMode.STATIC, FOUR_NUMA)]
+    elif args.extended:
         cases = [(m, w) for m in (PublishMode.STATIC, PublishMode.PARTITIONABLE) for w in ("whole GPUs", EXTENDED)]
     elif not args.quick:
         cases = [(PublishMode.PARTITIONABLE, "whole GPUs"), (PublishMode.PARTITIONABLE, "MIG mix"),

@@ -78,6 +78,12 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
         claim("no-room-left", request("m", "mig", selectors=[profile("1g.10gb"), ON_GPU0])),
         claim("many-1g", request("m", "mig", 28, selectors=[profile("1g.10gb")])),
     ],
+    "four GPUs on one NUMA node": [
+        claim("numa0-one", request("g", "gpu", selectors=[f"device.attributes['{D}'].numaNode == 0"])),
+        # three GPUs are left on node 0: matchAttribute puts all four on node 1
+        claim("numa-four", request("g", "gpu", 4), constraints=[{"requests": [], "matchAttribute": f"{D}/numaNode"}]),
+        claim("numa-four-more", request("g", "gpu", 4), constraints=[{"matchAttribute": f"{D}/numaNode"}]),
+    ],
     "a claim that cannot fit": [
         claim("nine", request("g", "gpu", 9)),
         claim("no-such-product", request("g", "gpu", selectors=[f"device.attributes['{D}'].productName == 'B300'"])),
@@ -129,6 +135,11 @@ def _cleanup(cp: Any) -> None:
     cp.kubectl("delete", "resourceclaims", "--all", "-n", NS, "--wait=true", timeout=120)
 
 
+def _numa(slices: list[dict[str, Any]], device: str) -> int:
+    (d,) = [d for s in slices for d in s["spec"].get("devices") or [] if d["name"] == device]
+    return int(d["attributes"]["numaNode"]["int"])
+
+
 def _devices(allocation: dict[str, Any]) -> list[tuple[str, str]]:
     return sorted((r["request"], r["device"]) for r in allocation["devices"]["results"])
 
@@ -149,6 +160,9 @@ def test_same_feasibility_as_the_kube_scheduler(cluster, scenario: str) -> None:
             assert len(_devices(theirs)) == len(_devices(mine.allocation)), name
             if name in ("big", "three"):  # a single device can satisfy these: the choice is determined
                 assert _devices(theirs) == _devices(mine.allocation), name
+            if name == "numa-four":  # four GPUs exist only on NUMA node 1 now: the set is determined
+                assert _devices(theirs) == _devices(mine.allocation)
+                assert {_numa(slices, d) for _, d in _devices(theirs)} == {1}
     finally:
         _cleanup(cp)
 
