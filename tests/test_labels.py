@@ -23,6 +23,7 @@ EXPECTED = {
     "dgx-h200": (None, "8", None, "hopper", "true", "9", "0"),
     "dgx-b200": (None, "8", None, "blackwell", "true", "10", "0"),
     "mixed": ("mixed", "5", None, "mixed", "true", "8", "0"),
+    "gb200-nvl72-tray": ("NVIDIA-GB200", "4", None, "blackwell", "true", "10", "0"),
 }
 
 
@@ -120,3 +121,15 @@ def test_apply_node_labels_against_the_api_server(control_plane: Any, tmp_path: 
         assert now["nvidia.com/gpu.present"] == "true" and now["team.example.com/extra"] == "1"
     finally:
         control_plane.delete_node(name)
+
+
+def test_a_node_in_an_nvlink_fabric_is_labelled_with_its_cluster_and_clique(tmp_path: Path) -> None:
+    trays = []
+    for i, clique in enumerate((1, 1, 2)):
+        sim = SimulatedNvml("gb200-nvl72-tray", tmp_path / f"tray-{i}")
+        sim.place_in_fabric("a3c53a39-8c2f-4a3e-9d57-000000000072", clique)
+        trays.append(node_labels(discover(sim, sim.sysfs_root), D))
+    cluster = "a3c53a39-8c2f-4a3e-9d57-000000000072"
+    assert {t[f"{D}/gpu.nvlink-cluster"] for t in trays} == {cluster}
+    assert [t[f"{D}/gpu.clique"] for t in trays] == [f"{cluster}.1", f"{cluster}.1", f"{cluster}.2"]
+    assert f"{D}/gpu.clique" not in node_labels(inventory("dgx-h100", tmp_path), D)  # no NVLink fabric there

@@ -379,3 +379,18 @@ def test_numa_node_is_read_from_sysfs_and_named_as_the_version_names_it(
     minors = sorted(by_gpu, key=lambda n: int(n.removeprefix("gpu-")))
     by_minor = {g.minor: g for g in inv.gpus}
     assert [by_gpu[n].pop() for n in minors] == [expected[by_minor[int(n[4:])].index] for n in minors]
+
+
+def test_gpus_in_an_nvlink_fabric_carry_its_cluster_and_clique(sim_factory, tmp_path) -> None:
+    from dra_driver.simulator.nvml import SimulatedNvml
+
+    sim = SimulatedNvml("gb200-nvl72-tray", tmp_path / "tray")
+    sim.place_in_fabric("a3c53a39-8c2f-4a3e-9d57-000000000072", 3)
+    inv = discover(sim, sim.sysfs_root)
+    devices = _devices(build_slices(inv, node_name="n", k8s_version="1.36", mode=PublishMode.PARTITIONABLE))
+    assert len(devices) > 4  # whole GPUs and their MIG placements: every one carries its GPU's fabric
+    for d in devices:
+        assert d.attributes["nvlinkClusterUUID"].string == "a3c53a39-8c2f-4a3e-9d57-000000000072"
+        assert d.attributes["nvlinkClique"].string == "a3c53a39-8c2f-4a3e-9d57-000000000072.3"
+    h100 = _devices(build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n"))
+    assert not any("nvlinkClique" in d.attributes for d in h100)  # NOT_SUPPORTED off a fabric: nothing published

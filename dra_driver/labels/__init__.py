@@ -19,6 +19,7 @@ from typing import Any
 
 from dra_driver.kube.rest import as_rest, path_of
 from dra_driver.nvml.inventory import Inventory
+from dra_driver.slices.attributes import clique_id
 
 _INVALID = re.compile(r"[^A-Za-z0-9_.-]+")
 _MAX_VALUE = 63
@@ -55,6 +56,12 @@ def node_labels(inventory: Inventory, domain: str) -> dict[str, str]:
         p + "cuda.driver.major": cuda_major,
         p + "cuda.driver.minor": cuda_minor or "0",
     }
+    # The NVLink fabric, for placing a multi-node job inside one domain (Kueue's topology-aware scheduling reads
+    # node labels): only when every GPU of the node agrees, as on an NVL72 compute tray.
+    (cluster, clique), *others = {(g.fabric_cluster, g.fabric_clique) for g in gpus}
+    if not others and cluster is not None and clique is not None:
+        labels[p + "gpu.nvlink-cluster"] = cluster
+        labels[p + "gpu.clique"] = clique_id(cluster, clique)
     return {k: v for k, v in labels.items() if v}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,20 @@ def _mig_mode(lib: NvmlLibrary, h: Handle) -> tuple[bool, bool, bool]:
     return True, bool(current), bool(pending)
 
 
+def _fabric(lib: NvmlLibrary, h: Handle) -> tuple[str | None, int | None]:
+    """(NVLink fabric cluster UUID, clique id) of a GPU registered in a multi-node NVLink fabric; (None, None)
+    where there is none (NOT_SUPPORTED, a driver without the call) or its registration has not completed."""
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    try:
+        lib.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
+    except pynvml.NVMLError:
+        return None, None
+    if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != pynvml.NVML_SUCCESS:
+        return None, None
+    cluster = uuid.UUID(bytes=bytes(info.clusterUuid))
+    return (None, None) if cluster.int == 0 else (str(cluster), int(info.cliqueId))
+
+
 def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
     h = _call(f"GPU {index} handle", lib.nvmlDeviceGetHandleByIndex, index)
     memory_total = int(_call(f"GPU {index} memory", lib.nvmlDeviceGetMemoryInfo, h).total)
@@ -99,6 +114,7 @@ def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
     capable, enabled, pending = _mig_mode(lib, h)
     profiles = _mig_profiles(lib, h, memory_total) if capable and not virtualized else ()
     instances = _mig_instances(lib, h, profiles) if enabled else ()
+    cluster, clique = _fabric(lib, h)
     return GpuInfo(
         index=index,
         minor=_call(f"GPU {index} minor number", lib.nvmlDeviceGetMinorNumber, h),
@@ -110,6 +126,8 @@ def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
         pci_bus_id=bdf,
         pcie_root=pcie_root(bdf, sysfs_root),
         numa_node=numa_node(bdf, sysfs_root),
+        fabric_cluster=cluster,
+        fabric_clique=clique,
         pci_device_id=int(pci.pciDeviceId),
         memory_bytes=memory_total,
         mig_capable=capable and bool(profiles),

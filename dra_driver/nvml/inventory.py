@@ -71,6 +71,8 @@ class GpuInfo(_Frozen):
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
     numa_node: int | None = None  # sysfs numa_node; None: unknown or no affinity
+    fabric_cluster: str | None = None  # NVLink fabric cluster UUID (an NVL72 rack's domain); None: no fabric
+    fabric_clique: int | None = None  # the clique within it: GPUs that reach each other over NVLink
 
     def profile(self, profile_id: int) -> MigProfile:
         for p in self.mig_profiles:

@@ -116,6 +116,7 @@ class MachineSpec(_Strict):
     description: str
     driver_version: str
     cuda_driver_version: int = Field(description="nvmlSystemGetCudaDriverVersion, e.g. 12080")
+    nvlink_fabric: bool = Field(default=False, description="GPUs join a multi-node NVLink fabric (NVL72 racks)")
     gpus: list[MachineGpu]
 
 

@@ -42,6 +42,7 @@ from dra_driver.simulator.mig_rules import MigRuleError
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor, write_fake_procfs
 from dra_driver.simulator.state import (
     ComputeInstanceState,
+    FabricState,
     GpuInstanceState,
     GpuProcess,
     GpuState,
@@ -74,6 +75,15 @@ _RECOVERY_SEVERITY = {
         )
     )
 }
+
+
+def _target(out: Any) -> Any:
+    """The structure an out-parameter refers to: given as itself, by `byref()` or as a pointer."""
+    if hasattr(out, "_obj"):
+        return out._obj
+    if hasattr(out, "contents"):
+        return out.contents
+    return out
 
 
 def _start_time(pid: int) -> int | None:
@@ -456,6 +466,39 @@ class SimulatedNvml:
             gpu.processes = []
         if was != pynvml.NVML_GPU_RECOVERY_ACTION_NONE and self.recovery_supported:
             self.events.append(index, pynvml.nvmlEventTypeGpuRecoveryAction, 0, GPU_LEVEL, GPU_LEVEL)
+
+    # ----- the NVLink fabric (NVL72 racks) ---------------------------------------------------------------
+    def place_in_fabric(self, cluster_uuid: str, clique_id: int) -> None:
+        """Where this machine's GPUs sit in their NVLink fabric: the rack's cluster and the clique inside it (as the
+        fabric manager of the rack assigns them). Only machines with `nvlink_fabric` have one."""
+        if not self.spec.nvlink_fabric:
+            raise ValueError(f"{self.spec.name} has no NVLink fabric")
+        with self.store.mutate() as state:
+            state.fabric = FabricState(cluster_uuid=str(uuid.UUID(cluster_uuid)), clique_id=clique_id)
+
+    def _fabric(self) -> FabricState:
+        """The machine's placement; unplaced, a rack of its own (a cluster named after its state directory)."""
+        placed = self._require_init().fabric
+        if placed is not None:
+            return placed
+        return FabricState(cluster_uuid=str(uuid.uuid5(_UUID_NAMESPACE, f"fabric:{self.state_dir}")), clique_id=1)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> int:
+        """The GPU's cluster UUID and clique, fabric registration COMPLETED; NOT_SUPPORTED off an NVLink fabric."""
+        self._gpu(handle)
+        if not self.spec.nvlink_fabric:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        target = _target(info)
+        fabric = self._fabric()
+        target.clusterUuid = (ctypes.c_ubyte * 16)(*uuid.UUID(fabric.cluster_uuid).bytes)
+        target.status = pynvml.NVML_SUCCESS
+        target.cliqueId = fabric.clique_id
+        target.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+        if hasattr(target, "healthMask"):
+            target.healthMask = 0
+        return int(pynvml.NVML_SUCCESS)
+
+    nvmlDeviceGetGpuFabricInfoV = nvmlDeviceGetGpuFabricInfo
 
     # ----- processes holding a GPU, and its recovery action ---------------------------------------------
     def attach_process(self, index: int, pid: int) -> None:

@@ -52,10 +52,19 @@ class GpuState(BaseModel):
     processes: list[GpuProcess] = []
 
 
+class FabricState(BaseModel):
+    """Where the machine's GPUs sit in their NVLink fabric: the cluster (an NVL72 rack's NVLink domain) and the
+    clique (the GPUs that can reach each other over NVLink) inside it."""
+
+    cluster_uuid: str
+    clique_id: int
+
+
 class MachineState(BaseModel):
     version: int = STATE_VERSION
     machine: str
     gpus: list[GpuState]
+    fabric: FabricState | None = None  # machines with nvlink_fabric; None: not placed yet (the default placement)
 
 
 def initial_state(spec: MachineSpec) -> MachineState:

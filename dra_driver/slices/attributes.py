@@ -28,12 +28,20 @@ ATTR_PARENT_UUID: Final = "parentUUID"
 ATTR_PROFILE: Final = "profile"
 
 ATTR_NUMA_NODE: Final = "numaNode"  # int: sysfs numa_node of the GPU; absent when the device has no affinity
+ATTR_NVLINK_CLUSTER: Final = "nvlinkClusterUUID"  # the multi-node NVLink fabric (an NVL72 rack's domain)
+ATTR_NVLINK_CLIQUE: Final = "nvlinkClique"  # `<cluster UUID>.<clique id>`: GPUs that reach each other over NVLink
 
 # Kubernetes standard attributes (k8s.io/dynamic-resource-allocation/deviceattribute)
 ATTR_PCI_BUS_ID: Final = "resource.kubernetes.io/pciBusID"
 ATTR_PCIE_ROOT: Final = "resource.kubernetes.io/pcieRoot"
 ATTR_STANDARD_NUMA_NODE: Final = "resource.kubernetes.io/numaNode"  # standard from 1.37 (KEP-6072), scalar form
 STANDARD_NUMA_NODE_MINOR: Final = 37
+
+
+def clique_id(cluster_uuid: str, clique: int) -> str:
+    """An NVLink clique's name, unique across racks: `<cluster UUID>.<clique id>` (as GPU feature discovery's
+    `nvidia.com/gpu.clique` label spells it)."""
+    return f"{cluster_uuid}.{clique}"
 
 
 def numa_node_attribute(minor: int) -> str:

@@ -66,6 +66,9 @@ def _common_attributes(inv: Inventory, gpu: GpuInfo) -> dict[str, DeviceAttribut
         attrs[A.ATTR_PCIE_ROOT] = DeviceAttribute(string=gpu.pcie_root)
     if gpu.numa_node is not None:
         attrs[A.ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.numa_node)  # renamed per version by publish_names
+    if gpu.fabric_cluster is not None and gpu.fabric_clique is not None:
+        attrs[A.ATTR_NVLINK_CLUSTER] = DeviceAttribute(string=gpu.fabric_cluster)
+        attrs[A.ATTR_NVLINK_CLIQUE] = DeviceAttribute(string=A.clique_id(gpu.fabric_cluster, gpu.fabric_clique))
     return attrs
 
 
