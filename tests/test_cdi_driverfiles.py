@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.cdi.devnodes import CharDevice, gpu_nodes
+from dra_driver.cdi.devnodes import CharDevice, gpu_nodes, mig_cap_nodes
 from dra_driver.cdi.driverfiles import (
     FILE_MOUNT_OPTIONS,
     SOCKET_MOUNT_OPTIONS,
@@ -33,6 +33,7 @@ from dra_driver.simulator.driverroot import ensure_driver_root, ldconfig_entries
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.libnvml_support import REQUIRE, simulated_library
 from tests.nvidia_tools import nvidia_tool
+from tests.simhelpers import create_full_ci, create_gi
 from tests.test_cdi import _validate, cdivalidate  # noqa: F401  (the session fixture that builds the validator)
 
 V550, V570 = "550.54.15", "570.124.06"
@@ -345,10 +346,21 @@ def _make_dev_root(dev: Path, nodes: list[CharDevice]) -> None:
         os.chmod(path, node.file_mode)
 
 
-def _nvidia_ctk_generate(sim: SimulatedNvml, dev_root: Path, out: Path) -> dict[str, Any]:
+def _nvidia_ctk_generate(sim: SimulatedNvml, dev_root: Path, out: Path, *, mig: bool) -> dict[str, Any]:
     env = {**os.environ, "DRA_DRIVER_LIBNVML_IDLE_S": "5"}  # the library's server leaves soon after
+    # The toolkit reads MIG capability minors from the fixed path /proc/driver/nvidia-caps/mig-minors: in a private
+    # mount namespace the simulated machine's /proc/driver is put there.
+    in_namespace = [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        'mount --bind "$0" /proc/driver && exec "$@"',
+        str(sim.proc_root / "driver"),
+    ]
     gen = subprocess.run(
         [
+            *(in_namespace if mig else []),
             str(nvidia_tool("nvidia-ctk")),
             "cdi",
             "generate",
@@ -375,58 +387,74 @@ def _hook_args(hooks: list[dict[str, Any]], name: str) -> list[list[str]]:
     return [h["args"] for h in hooks if h["args"][1] == name]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 and not REQUIRE, reason="the device nodes nvidia-ctk looks for need mknod (root)")
-def test_matches_nvidia_ctk_on_a_simulated_node(tmp_path: Path) -> None:
+@pytest.mark.skipif(
+    os.geteuid() != 0 and not REQUIRE, reason="the device nodes nvidia-ctk looks for need mknod, MIG a mount (root)"
+)
+@pytest.mark.parametrize("mig", [False, True], ids=["whole-gpus", "mig"])
+def test_matches_nvidia_ctk_on_a_simulated_node(tmp_path: Path, mig: bool) -> None:
     """`nvidia-ctk cdi generate` (NVIDIA's container toolkit, built from its Go module) on a simulated machine, whose
-    GPUs it enumerates through the simulated libnvidia-ml, against our edits for the same root: the same device
-    nodes per GPU, libraries, binaries, firmware, socket and symlinks, and every difference named."""
+    GPUs and MIG devices it enumerates through the simulated libnvidia-ml, against our edits for the same root: the
+    same device nodes per device, libraries, binaries, firmware, socket and symlinks, and every difference named."""
     sim = SimulatedNvml("dgx-h100", tmp_path / "machine")
     simulated_library(sim)  # the driver root holds the built library, not the stand-in
     sim.nvmlInit()
     try:
-        gpus = {g.uuid: g for g in discover_gpus(sim, sim.sysfs_root).gpus}
+        if mig:  # GPU 2 split into a 3g.40gb and a 1g.10gb device
+            dev = sim.nvmlDeviceGetHandleByIndex(2)
+            sim.nvmlDeviceSetMigMode(dev, 1)
+            create_full_ci(sim, create_gi(sim, dev, 9, 4, 4), 3)
+            create_full_ci(sim, create_gi(sim, dev, 19, 0, 1), 1)
+        inventory = discover_gpus(sim, sim.sysfs_root)
     finally:
         sim.nvmlShutdown()
-    ours_nodes = {uuid: gpu_nodes(sim.proc_root, g.minor) for uuid, g in gpus.items()}
+    # What our claim specs give each device: the GPU's nodes, and for a MIG device its parent's plus its two
+    # capability nodes. NVIDIA lists a GPU in MIG mode only through its MIG devices (we hand one out whole only
+    # after switching MIG off).
+    ours_nodes = {g.uuid: gpu_nodes(sim.proc_root, g.minor) for g in inventory.gpus if not g.mig_instances}
+    for g in inventory.gpus:
+        for m in g.mig_instances:
+            caps = mig_cap_nodes(sim.proc_root, g.minor, m.gpu_instance_id, m.compute_instance_id)
+            ours_nodes[m.uuid] = gpu_nodes(sim.proc_root, g.minor) + caps
+    assert len(ours_nodes) == (9 if mig else 8)
     dev_root = tmp_path / "machine"  # nvidia-ctk looks under <dev root>/dev
     modeset = CharDevice(MODESET[0], MODESET[1], MODESET[2], 0o666)
-    _make_dev_root(dev_root / "dev", [n for nodes in ours_nodes.values() for n in nodes] + [modeset])
+    all_nodes = [gpu_nodes(sim.proc_root, g.minor) for g in inventory.gpus] + list(ours_nodes.values())
+    _make_dev_root(dev_root / "dev", [n for nodes in all_nodes for n in nodes] + [modeset])
 
-    spec = _nvidia_ctk_generate(sim, dev_root, tmp_path / "nvidia.json")
+    spec = _nvidia_ctk_generate(sim, dev_root, tmp_path / "nvidia.json", mig=mig)
     theirs = spec["containerEdits"]
     ours = common_edits(
         discover_driver_files(sim.driver_root, sim.spec.driver_version), sim.driver_root, hook_path=HOOK
     )
 
-    # Devices: exactly the machine's GPUs, each with the nodes our claim spec gives it. NVIDIA puts nvidiactl and
-    # the UVM nodes in the spec-wide edits, we in each device's (a claim spec has only its own devices): the same
-    # nodes in a container. NVIDIA adds /dev/nvidia-modeset, a display driver node CUDA never opens.
-    assert sorted(d["name"] for d in spec["devices"]) == sorted(gpus)
+    # Devices: exactly the machine's GPUs and MIG devices, each with the nodes our claim spec gives it. NVIDIA puts
+    # nvidiactl and the UVM nodes in the spec-wide edits, we in each device's (a claim spec has only its own
+    # devices): the same nodes in a container. NVIDIA adds /dev/nvidia-modeset, a display driver node CUDA never
+    # opens.
+    assert sorted(d["name"] for d in spec["devices"]) == sorted(ours_nodes)
     shared = {(n["path"], n["major"], n.get("minor", 0)) for n in theirs["deviceNodes"]}
     for device in spec["devices"]:
         edits = device["containerEdits"]
         nodes = {(n["path"], n["major"], n.get("minor", 0)) for n in edits["deviceNodes"]} | shared
         assert nodes - {MODESET} == {(n.path, n.major, n.minor) for n in ours_nodes[device["name"]]}
         assert all(n["hostPath"] == str(dev_root) + n["path"] for n in edits["deviceNodes"])
-        # A per-device createRuntime hook of this toolkit release: it applies the container's
+        # A per-GPU (not MIG) createRuntime hook of this toolkit release: it applies the container's
         # NVIDIA_GPU_MEMORY_LIMIT to its cgroup (cgroup v2 only). Our memory limits for shared GPUs are MPS's pinned
         # device memory limits (dra_driver/sharing), so we add no such hook.
-        assert _hook_args(edits["hooks"], "apply-cuda-memory-limits") == [
-            [
-                "nvidia-cdi-hook",
-                "apply-cuda-memory-limits",
-                "--driver-root",
-                str(sim.driver_root),
-                "--gpu-id",
-                device["name"],
-            ]
-        ]
+        limit_args = ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", str(sim.driver_root), "--gpu-id"]
+        limits = {
+            "hookName": "createRuntime",
+            "path": HOOK,
+            "args": [*limit_args, device["name"]],
+            "env": ["NVIDIA_CTK_DEBUG=false"],
+        }
+        assert edits.get("hooks", []) == ([limits] if device["name"].startswith("GPU-") else [])
     assert MODESET in shared
 
     # Mounts: the same libraries, binaries, firmware and persistenced socket, same host paths, same options. NVIDIA
     # adds /dev/null at /var/run/nvidia-container-devices/void with NVIDIA_VISIBLE_DEVICES=void, so that the legacy
     # nvidia-container-runtime hook injects nothing more; our claim specs set NVIDIA_VISIBLE_DEVICES to the
-    # claim's GPUs instead (claim_spec), which the container's tools read.
+    # claim's device UUIDs instead (claim_spec).
     void = {
         "hostPath": "/dev/null",
         "containerPath": "/var/run/nvidia-container-devices/void",
