@@ -8,13 +8,15 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dra_driver.cdi.devnodes import CharDevice
+from dra_driver.cdi.devnodes import CharDevice, gpu_nodes, mig_cap_nodes
 from dra_driver.cdi.driverfiles import (
     FILE_MOUNT_OPTIONS,
     SOCKET_MOUNT_OPTIONS,
@@ -26,7 +28,12 @@ from dra_driver.cdi.driverfiles import (
 from dra_driver.cdi.ldcache import serialize
 from dra_driver.cdi.spec import ContainerEdits, Hook, Mount, claim_spec
 from dra_driver.cdi.store import CdiStore
+from dra_driver.nvml.discovery import discover as discover_gpus
 from dra_driver.simulator.driverroot import ensure_driver_root, ldconfig_entries, library_dir, multiarch
+from dra_driver.simulator.nvml import SimulatedNvml
+from tests.libnvml_support import REQUIRE, simulated_library
+from tests.nvidia_tools import nvidia_tool
+from tests.simhelpers import create_full_ci, create_gi
 from tests.test_cdi import _validate, cdivalidate  # noqa: F401  (the session fixture that builds the validator)
 
 V550, V570 = "550.54.15", "570.124.06"
@@ -324,35 +331,164 @@ def test_the_container_loader_finds_libcuda_through_the_soname_mount(tmp_path: P
     assert out.returncode == 3 and "libcuda.so.1" in out.stdout
 
 
-@pytest.mark.skipif(shutil.which("nvidia-ctk") is None, reason="nvidia-ctk (NVIDIA Container Toolkit) is not installed")
-def test_matches_nvidia_ctk_on_the_host_driver_root(tmp_path: Path) -> None:
-    """On a GPU host with the toolkit: the same driver files as `nvidia-ctk cdi generate` (NVML mode needs the
-    real driver, so this runs against `/` with the running driver's version)."""
-    import pynvml
+HOOK = "/usr/local/nvidia/bin/nvidia-cdi-hook"
+MODESET = ("/dev/nvidia-modeset", 195, 254)  # nvidia-modeset.ko's node, present wherever that module is loaded
 
-    try:
-        pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-    except pynvml.NVMLError as e:
-        pytest.skip(f"no NVIDIA driver on this host: {e}")
-    out = tmp_path / "nvidia.json"
+
+def _make_dev_root(dev: Path, nodes: list[CharDevice]) -> None:
+    """The device nodes the kernel driver makes, under `dev` (nvidia-ctk accepts only character devices there)."""
+    for node in nodes:
+        path = dev / node.path.removeprefix("/dev/")
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(path, node.file_mode | stat.S_IFCHR, os.makedev(node.major, node.minor))
+        os.chmod(path, node.file_mode)
+
+
+def _nvidia_ctk_generate(sim: SimulatedNvml, dev_root: Path, out: Path, *, mig: bool) -> dict[str, Any]:
+    env = {**os.environ, "DRA_DRIVER_LIBNVML_IDLE_S": "5"}  # the library's server leaves soon after
+    # The toolkit reads MIG capability minors from the fixed path /proc/driver/nvidia-caps/mig-minors: in a private
+    # mount namespace the simulated machine's /proc/driver is put there.
+    in_namespace = [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        'mount --bind "$0" /proc/driver && exec "$@"',
+        str(sim.proc_root / "driver"),
+    ]
     gen = subprocess.run(
-        ["nvidia-ctk", "cdi", "generate", "--driver-root", "/", "--format", "json", "--output", str(out)],
+        [
+            *(in_namespace if mig else []),
+            str(nvidia_tool("nvidia-ctk")),
+            "cdi",
+            "generate",
+            "--mode=nvml",  # enumerates the GPUs through the driver root's libnvidia-ml: the simulated one
+            f"--driver-root={sim.driver_root}",
+            f"--dev-root={dev_root}",
+            f"--nvidia-cdi-hook-path={HOOK}",
+            "--device-name-strategy=uuid",
+            "--no-all-device",
+            "--format=json",
+            f"--output={out}",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
     assert gen.returncode == 0, gen.stderr
-    theirs = json.loads(out.read_text())["containerEdits"]
-    files = discover_driver_files(Path("/"), version if isinstance(version, str) else version.decode())
-    ours = common_edits(files, "/", hook_path="/usr/bin/nvidia-cdi-hook")
-    their_files = {m["containerPath"] for m in theirs.get("mounts", [])}
-    our_files = {m.container_path for m in ours.mounts or []}
-    assert {p for p in their_files if ".so." in p or "firmware" in p} == {
-        p for p in our_files if ".so." in p or "firmware" in p
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+def _hook_args(hooks: list[dict[str, Any]], name: str) -> list[list[str]]:
+    return [h["args"] for h in hooks if h["args"][1] == name]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 and not REQUIRE, reason="the device nodes nvidia-ctk looks for need mknod, MIG a mount (root)"
+)
+@pytest.mark.parametrize("mig", [False, True], ids=["whole-gpus", "mig"])
+def test_matches_nvidia_ctk_on_a_simulated_node(tmp_path: Path, mig: bool) -> None:
+    """`nvidia-ctk cdi generate` (NVIDIA's container toolkit, built from its Go module) on a simulated machine, whose
+    GPUs and MIG devices it enumerates through the simulated libnvidia-ml, against our edits for the same root: the
+    same device nodes per device, libraries, binaries, firmware, socket and symlinks, and every difference named."""
+    sim = SimulatedNvml("dgx-h100", tmp_path / "machine")
+    simulated_library(sim)  # the driver root holds the built library, not the stand-in
+    sim.nvmlInit()
+    try:
+        if mig:  # GPU 2 split into a 3g.40gb and a 1g.10gb device
+            dev = sim.nvmlDeviceGetHandleByIndex(2)
+            sim.nvmlDeviceSetMigMode(dev, 1)
+            create_full_ci(sim, create_gi(sim, dev, 9, 4, 4), 3)
+            create_full_ci(sim, create_gi(sim, dev, 19, 0, 1), 1)
+        inventory = discover_gpus(sim, sim.sysfs_root)
+    finally:
+        sim.nvmlShutdown()
+    # What our claim specs give each device: the GPU's nodes, and for a MIG device its parent's plus its two
+    # capability nodes. NVIDIA lists a GPU in MIG mode only through its MIG devices (we hand one out whole only
+    # after switching MIG off).
+    ours_nodes = {g.uuid: gpu_nodes(sim.proc_root, g.minor) for g in inventory.gpus if not g.mig_instances}
+    for g in inventory.gpus:
+        for m in g.mig_instances:
+            caps = mig_cap_nodes(sim.proc_root, g.minor, m.gpu_instance_id, m.compute_instance_id)
+            ours_nodes[m.uuid] = gpu_nodes(sim.proc_root, g.minor) + caps
+    assert len(ours_nodes) == (9 if mig else 8)
+    dev_root = tmp_path / "machine"  # nvidia-ctk looks under <dev root>/dev
+    modeset = CharDevice(MODESET[0], MODESET[1], MODESET[2], 0o666)
+    all_nodes = [gpu_nodes(sim.proc_root, g.minor) for g in inventory.gpus] + list(ours_nodes.values())
+    _make_dev_root(dev_root / "dev", [n for nodes in all_nodes for n in nodes] + [modeset])
+
+    spec = _nvidia_ctk_generate(sim, dev_root, tmp_path / "nvidia.json", mig=mig)
+    theirs = spec["containerEdits"]
+    ours = common_edits(
+        discover_driver_files(sim.driver_root, sim.spec.driver_version), sim.driver_root, hook_path=HOOK
+    )
+
+    # Devices: exactly the machine's GPUs and MIG devices, each with the nodes our claim spec gives it. NVIDIA puts
+    # nvidiactl and the UVM nodes in the spec-wide edits, we in each device's (a claim spec has only its own
+    # devices): the same nodes in a container. NVIDIA adds /dev/nvidia-modeset, a display driver node CUDA never
+    # opens.
+    assert sorted(d["name"] for d in spec["devices"]) == sorted(ours_nodes)
+    shared = {(n["path"], n["major"], n.get("minor", 0)) for n in theirs["deviceNodes"]}
+    for device in spec["devices"]:
+        edits = device["containerEdits"]
+        nodes = {(n["path"], n["major"], n.get("minor", 0)) for n in edits["deviceNodes"]} | shared
+        assert nodes - {MODESET} == {(n.path, n.major, n.minor) for n in ours_nodes[device["name"]]}
+        assert all(n["hostPath"] == str(dev_root) + n["path"] for n in edits["deviceNodes"])
+        # A per-GPU (not MIG) createRuntime hook of this toolkit release: it applies the container's
+        # NVIDIA_GPU_MEMORY_LIMIT to its cgroup (cgroup v2 only). Our memory limits for shared GPUs are MPS's pinned
+        # device memory limits (dra_driver/sharing), so we add no such hook.
+        limit_args = ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", str(sim.driver_root), "--gpu-id"]
+        limits = {
+            "hookName": "createRuntime",
+            "path": HOOK,
+            "args": [*limit_args, device["name"]],
+            "env": ["NVIDIA_CTK_DEBUG=false"],
+        }
+        assert edits.get("hooks", []) == ([limits] if device["name"].startswith("GPU-") else [])
+    assert MODESET in shared
+
+    # Mounts: the same libraries, binaries, firmware and persistenced socket, same host paths, same options. NVIDIA
+    # adds /dev/null at /var/run/nvidia-container-devices/void with NVIDIA_VISIBLE_DEVICES=void, so that the legacy
+    # nvidia-container-runtime hook injects nothing more; our claim specs set NVIDIA_VISIBLE_DEVICES to the
+    # claim's device UUIDs instead (claim_spec).
+    void = {
+        "hostPath": "/dev/null",
+        "containerPath": "/var/run/nvidia-container-devices/void",
+        "options": ["ro", "nosuid", "nodev", "bind"],
     }
-    their_hooks = [h["args"] for h in theirs.get("hooks", [])]
-    assert _links(their_hooks) == _links([h.args or [] for h in ours.hooks or []])
+    assert void in theirs["mounts"]
+    assert sorted((m["hostPath"], m["containerPath"], m["options"]) for m in theirs["mounts"] if m != void) == sorted(
+        (m.host_path, m.container_path, m.options) for m in ours.mounts or []
+    )
+    assert sorted(theirs["env"]) == sorted([*(ours.env or []), "NVIDIA_VISIBLE_DEVICES=void"])
+
+    # Hooks: the same soname and .so links and ldcache folders. NVIDIA also links GBM's backend to
+    # libnvidia-allocator (graphics buffer allocation for Wayland/EGL, not used by CUDA), and calls three hooks of
+    # recent toolkit releases that we leave out because the hook binary on a node may predate them and an unknown
+    # hook fails the container's creation: enable-cuda-compat (CUDA forward-compatibility libraries of the image),
+    # disable-device-node-modification (stops NVML in the container from creating device nodes) and
+    # update-application-profile (the driver's graphics application profiles).
+    our_hooks = [h.model_dump(by_alias=True, exclude_none=True) for h in ours.hooks or []]
+    assert {h["hookName"] for h in theirs["hooks"]} == {h["hookName"] for h in our_hooks} == {"createContainer"}
+    assert all(h["path"] == HOOK for h in theirs["hooks"] + our_hooks)
+    gbm = f"../libnvidia-allocator.so.1::{LIB}/gbm/nvidia-drm_gbm.so"
+    their_links = _links(_hook_args(theirs["hooks"], "create-symlinks"))
+    assert their_links - {gbm} == _links(_hook_args(our_hooks, "create-symlinks"))
+    assert gbm in their_links
+    assert _hook_args(theirs["hooks"], "update-ldcache") == _hook_args(our_hooks, "update-ldcache")
+    assert [args[1] for args in (h["args"] for h in theirs["hooks"])] == [
+        "create-symlinks",  # the GBM link
+        "create-symlinks",
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
+        "update-application-profile",
+    ]
+    assert [h["args"][1] for h in our_hooks] == ["create-symlinks", "update-ldcache"]
 
 
 def _links(hook_args: list[list[str]]) -> set[str]:

@@ -359,6 +359,14 @@ def test_the_fake_procfs_follows_every_instance_and_rebuilds_without_its_marker(
         f"gpu{minor}/mig/gi{other_id}/access": gi_cap_minor(minor, other_id),
     }
     assert tree() == expected
+    # /proc/driver/nvidia-caps/mig-minors names the same minor for every instance that can exist (NVIDIA's container
+    # toolkit reads it): each access file's, and as many as 15 GIs of 8 CIs each allow on every GPU.
+    listed = dict(line.split() for line in (sim.proc_root / "driver" / "nvidia-caps" / "mig-minors").open())
+    assert all(
+        listed[path.replace("mig/", "", 1) if path.startswith("gpu") else path[4:]] == str(m)
+        for path, m in expected.items()
+    )
+    assert len(listed) == 2 + len(sim.minors) * 15 * 9 and listed["gpu7/gi14/ci7/access"] == str(ci_cap_minor(7, 14, 7))
     sim.nvmlComputeInstanceDestroy(ci)
     assert not (caps / f"gpu{minor}" / "mig" / f"gi{gi_id}" / f"ci{ci_id}").exists()  # its directory too
     sim.nvmlGpuInstanceDestroy(gi)

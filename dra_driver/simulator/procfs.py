@@ -1,6 +1,7 @@
-"""A fake `/proc` with what the NVIDIA kernel driver exposes for MIG: `/proc/devices` majors and the
+"""A fake `/proc` with what the NVIDIA kernel driver exposes for MIG: `/proc/devices` majors, the
 `driver/nvidia/capabilities` files whose `DeviceFileMinor` names the `/dev/nvidia-caps/nvidia-cap<N>` node of
-each GPU instance and compute instance. Regenerated from the simulator state on every change."""
+each GPU instance and compute instance, and `driver/nvidia-caps/mig-minors`, the same numbers for every possible
+instance (what NVIDIA's container toolkit reads). Regenerated from the simulator state on every change."""
 
 from __future__ import annotations
 
@@ -9,19 +10,33 @@ import json
 import os
 from pathlib import Path
 
+from dra_driver.simulator.mig_rules import MAX_GPU_INSTANCE_ID
 from dra_driver.simulator.state import MachineState
 
 NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 510, 511
 _ACCESS_MODE = 0o444  # the guide shows the access files world-readable
+_CIS_PER_GI = 8
 
 
 def gi_cap_minor(gpu_minor: int, gi: int) -> int:
     # /proc/driver/nvidia-caps/mig-minors: 15 GIs x (1 + 8 CIs) per GPU after `config` 1 and `monitor` 2.
-    return 3 + 135 * gpu_minor + 9 * gi
+    per_gi = 1 + _CIS_PER_GI
+    return 3 + (MAX_GPU_INSTANCE_ID + 1) * per_gi * gpu_minor + per_gi * gi
 
 
 def ci_cap_minor(gpu_minor: int, gi: int, ci: int) -> int:
     return gi_cap_minor(gpu_minor, gi) + 1 + ci
+
+
+def mig_minors_text(gpu_minors: list[int]) -> str:
+    """`/proc/driver/nvidia-caps/mig-minors`: the kernel lists every GPU minor it supports; those up to the
+    machine's highest are enough for its devices."""
+    lines = ["config 1", "monitor 2"]
+    for gpu in range(max(gpu_minors, default=-1) + 1):
+        for gi in range(MAX_GPU_INSTANCE_ID + 1):
+            lines.append(f"gpu{gpu}/gi{gi}/access {gi_cap_minor(gpu, gi)}")
+            lines += [f"gpu{gpu}/gi{gi}/ci{ci}/access {ci_cap_minor(gpu, gi, ci)}" for ci in range(_CIS_PER_GI)]
+    return "".join(line + "\n" for line in lines)
 
 
 def _cap_text(minor: int, mode: int) -> str:
@@ -56,6 +71,8 @@ def write_fake_procfs(root: Path, state: MachineState, minors: list[int]) -> Non
         devices.write_text(
             f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{UVM_MAJOR} nvidia-uvm\n{CAPS_MAJOR} nvidia-caps\n"
         )
+        (root / "driver" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+        (root / "driver" / "nvidia-caps" / "mig-minors").write_text(mig_minors_text(minors))
     instances: Instances = [
         (m, [(gi.id, [ci.id for ci in gi.compute_instances]) for gi in g.gpu_instances])
         for g, m in zip(state.gpus, minors, strict=True)
