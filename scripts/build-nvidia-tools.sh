@@ -5,7 +5,8 @@
 #   nvidia-device-plugin          github.com/NVIDIA/k8s-device-plugin          tools/nvidia/device-plugin
 #   gpu-kubelet-plugin            sigs.k8s.io/dra-driver-nvidia-gpu            tools/nvidia/dra-driver (its Fabric
 #                                 Manager bindings are our NOT_SUPPORTED stand-in, tools/nvidia/dra-driver/go-nvfm)
-# Output: one line per binary on stdout, `<name>\t<path>`, in the order above; the paths are
+# Arguments: the names to build (default: all four). Output: one line per binary on stdout, `<name>\t<path>`, in the
+# order above; the paths are
 #   ${DRA_DRIVER_CACHE:-$HOME/.cache/dra-driver}/nvidia/<name>/<module version>/<name>
 # Progress goes to stderr. Idempotent: a binary is reused while its stamp (a hash of its module's go.mod, go.sum and
 # Go files, this script and the Go version) is unchanged. All of them load NVML through go-nvml, which is cgo and
@@ -30,8 +31,10 @@ tools=(
   "nvidia-device-plugin device-plugin github.com/NVIDIA/k8s-device-plugin cmd/nvidia-device-plugin internal/info.version"
   "gpu-kubelet-plugin dra-driver sigs.k8s.io/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin internal/info.version"
 )
+wanted=" $* "
 for tool in "${tools[@]}"; do
   read -r name dir module package version_var <<<"$tool"
+  [ $# -eq 0 ] || [[ "$wanted" == *" $name "* ]] || continue
   src="$here/tools/nvidia/$dir"
   version="$(awk -v m="$module" '/^[[:space:]]*\/\//{next} { for (i = 1; i < NF; i++) if ($i == m) { print $(i + 1); exit } }' "$src/go.mod")"
   hash="$( { echo "$go_version"; find "$src" -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) | sort | xargs cat; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)"

@@ -17,20 +17,19 @@ BUILD_SCRIPT = ROOT / "scripts" / "build-nvidia-tools.sh"
 
 
 @functools.cache
-def _built() -> dict[str, Path]:
+def _built(name: str) -> Path:
     env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/local/go/bin"}
-    out = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600, env=env, check=False)
+    out = subprocess.run([str(BUILD_SCRIPT), name], capture_output=True, text=True, timeout=3600, env=env, check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     tools = dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
-    return {name: Path(path) for name, path in tools.items()}
+    assert name in tools, f"scripts/build-nvidia-tools.sh built {sorted(tools)}, not {name}"
+    return Path(tools[name])
 
 
 def nvidia_tool(name: str) -> Path:
-    """The built binary `name`; the first call builds all four (a cold build takes minutes)."""
+    """The built binary `name` (built on first use; a cold build takes minutes, the DRA kubelet plugin's most)."""
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").is_file():
         if REQUIRE:
             pytest.fail(f"DRA_K8S_REQUIRE=1 but no Go toolchain to build {name}")
         pytest.skip(f"no Go toolchain to build {name}")
-    tools = _built()
-    assert name in tools, f"scripts/build-nvidia-tools.sh built {sorted(tools)}, not {name}"
-    return tools[name]
+    return _built(name)
