@@ -30,6 +30,7 @@ from dra_driver.simulator.structs import (
     nvmlComputeInstanceProfileInfo_v3,
     nvmlGpuInstanceProfileInfo_v3,
 )
+from tests.gotools import built_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRE = os.environ.get("DRA_K8S_REQUIRE") == "1"
@@ -48,21 +49,7 @@ def built_library() -> Path:
 @functools.cache
 def gonvmlprobe_binary() -> Path:
     """tools/gonvmlprobe, built (cached) by scripts/build-gonvmlprobe.sh; skips without Go unless required."""
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").is_file():
-        if REQUIRE:
-            pytest.fail("DRA_K8S_REQUIRE=1 but no Go toolchain to build tools/gonvmlprobe")
-        pytest.skip("no Go toolchain to build tools/gonvmlprobe")
-    env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/local/go/bin"}
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "build-gonvmlprobe.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=env,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built_binary("build-gonvmlprobe.sh", "tools/gonvmlprobe")
 
 
 def simulated_library(sim: SimulatedNvml) -> Path:

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from dra_driver.allocation.allocator import AllocationError, Allocator
@@ -23,6 +21,7 @@ from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices
 from dra_driver.slices.devices import PublishMode
+from tests.gotools import built_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRE = os.environ.get("DRA_K8S_REQUIRE") == "1"
@@ -39,16 +38,7 @@ def build_allocbench() -> Path:
 
 
 def _build(script: str) -> Path:
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").is_file():
-        if REQUIRE:
-            pytest.fail(f"DRA_K8S_REQUIRE=1 but no Go toolchain for {script}")
-        pytest.skip(f"no Go toolchain for {script}")
-    env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/local/go/bin"}
-    out = subprocess.run(
-        [str(ROOT / "scripts" / script)], capture_output=True, text=True, timeout=1800, env=env, check=False
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built_binary(script)
 
 
 def classes() -> list[dict[str, Any]]:
