@@ -330,8 +330,9 @@ class Compiler:
         body, btype = self.compile(node.body, {**scope, node.var: itype})
         var = node.var
         # cel-go evaluates a bind's value on first use (an error or cost in an unused one never happens). The value
-        # must see the variables of the bind: snapshot them only when the body rebinds a name the value reads.
-        snapshot = bool(_free_names(node.init) & _bound_names(node.body))
+        # must see the variables of the bind: snapshot them only when the value reads a name that the bind itself
+        # or its body rebinds (`cel.bind(x, x + 1, ...)` reads the outer x).
+        snapshot = _rebinds_a_read(node.init, var, node.body)
 
         def bind(a: Activation) -> Any:
             saved = a.vars.get(var, _UNSET)
@@ -414,7 +415,7 @@ class Compiler:
         target is evaluated again, with `value()`, only when the body first reads `v`."""
         body, btype = self.compile(node.body, {**scope, node.var: ttype.param(0)})
         var = node.var
-        snapshot = bool(_free_names(node.target) & _bound_names(node.body))
+        snapshot = _rebinds_a_read(node.target, var, node.body)
 
         def reread(a: Activation) -> Any:
             again = target(a)
@@ -839,6 +840,12 @@ class _Lazy:
 
 def _free_names(node: ast.Node) -> set[str]:
     return {n.name for n in ast.walk(node) if isinstance(n, ast.Ident)}
+
+
+def _rebinds_a_read(value: ast.Node, var: str, body: ast.Node) -> bool:
+    """Whether a lazily read `value` bound to `var` over `body` reads a name that `var` or `body` shadows, so that
+    it must be evaluated with the variables of the bind rather than those of the read."""
+    return bool(_free_names(value) & (_bound_names(body) | {var}))
 
 
 def _bound_names(node: ast.Node) -> set[str]:
