@@ -24,7 +24,15 @@ from dra_driver.cel.callcost import CallCost, call_cost, equality, tenth
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.decls import Decl
 from dra_driver.cel.errors import CelCompileError, EvalError, EvaluationAborted
-from dra_driver.cel.library import FOLDABLE, REGISTRY, SAME_AS_RECEIVER, compile_regex, known_names, no_overload
+from dra_driver.cel.library import (
+    FOLDABLE,
+    REGISTRY,
+    SAME_AS_RECEIVER,
+    check_sort_keys,
+    compile_regex,
+    known_names,
+    no_overload,
+)
 from dra_driver.cel.parser import format_error
 from dra_driver.cel.types import (
     BOOL,
@@ -1056,9 +1064,7 @@ def _run_sort_by(
     a.charge(1)
     keys = [k for k, _ in keyed]
     a.charge(1 if priced is None else priced.fn([[v for _, v in keyed], keys], None))
-    kinds = {type(k) for k in keys}
-    if len(kinds) > 1 and not all(isinstance(k, int | float) and not isinstance(k, bool) for k in keys):
-        raise EvalError("sortBy: keys must have the same comparable type")
+    check_sort_keys(keys)
     keyed.sort(key=lambda kv: kv[0])
     return [v for _, v in keyed]
 

@@ -8,16 +8,17 @@ interpreter charges each call's cost (`callcost`), the overloads do not.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from decimal import Decimal
+from typing import Any, Final, TypeVar
 
 from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
+from dra_driver.cel.goconv import parse_float, parse_int, parse_uint
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
 from dra_driver.cel.semver import Semver, parse_semver
@@ -47,6 +48,7 @@ from dra_driver.cel.values import (
     is_missing,
     is_number,
     map_get,
+    number_compare,
     type_name,
     value_equals,
 )
@@ -193,7 +195,7 @@ def _ordered(name: str, act: Activation, a: Any, b: Any) -> int:
         raise no_overload(name, a, b)
     if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
         raise EvalError("NaN values cannot be ordered")
-    return int((a > b) - (a < b))
+    return number_compare(a, b) if ta is not tb else int((a > b) - (a < b))
 
 
 @register("_<_", False, 2, BOOL)
@@ -303,10 +305,7 @@ def _to_int(act: Activation, a: Any) -> int:
             raise EvalError("integer overflow")
         return int(a)
     if isinstance(a, str):
-        try:
-            return _check_int(int(a, 10))
-        except ValueError:
-            raise EvalError("type conversion error from 'string' to 'int'") from None
+        return _from_string(parse_int(a), "int")
     raise no_overload("int", a)
 
 
@@ -317,15 +316,15 @@ def _to_uint(act: Activation, a: Any) -> UInt:
     if isinstance(a, int):
         return _check_uint(int(a))
     if isinstance(a, float):
-        if math.isnan(a) or not -1 < a < 2.0**64:
+        if math.isnan(a) or not 0 <= a < 2.0**64:  # -0.5 too: cel-go refuses any negative double
             raise EvalError("unsigned integer overflow")
         return UInt(int(a))
     if isinstance(a, str):
-        try:
-            return _check_uint(int(a, 10))
-        except ValueError:
-            raise EvalError("type conversion error from 'string' to 'uint'") from None
+        return UInt(_from_string(parse_uint(a), "uint"))
     raise no_overload("uint", a)
+
+
+_N = TypeVar("_N", int, float)
 
 
 @register("double", False, 1, DOUBLE)
@@ -333,25 +332,37 @@ def _to_double(act: Activation, a: Any) -> float:
     if is_number(a):
         return float(a)
     if isinstance(a, str):
-        try:
-            return float(a)
-        except ValueError:
-            raise EvalError(f"cannot convert string {a!r} to double") from None
+        return _from_string(parse_float(a), "double")
     raise no_overload("double", a)
 
 
+def _from_string(value: _N | None, kind: str) -> _N:
+    """A string conversion's result, or cel-go's error where Go's strconv refused the string."""
+    if value is None:
+        raise EvalError(f"type conversion error from 'string' to '{kind}'")
+    return value
+
+
 def format_double(value: float) -> str:
-    """Go's strconv.FormatFloat(v, 'g', -1, 64) spelling, which cel-go's string(double) uses."""
+    """Go's `%g` (strconv.FormatFloat(v, 'g', -1, 64)), which cel-go's string(double) uses: the shortest digits
+    that round-trip, in exponent form when the decimal exponent is below -4 or at least 6."""
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     if math.isnan(value):
         return "NaN"
-    text = repr(value)
-    if "e" in text:
-        mantissa, exp = text.split("e")
-        sign = "-" if exp.startswith("-") else "+"
-        text = f"{mantissa.removesuffix('.0')}e{sign}{abs(int(exp)):02d}"
-    return text.removesuffix(".0")
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return f"{sign}0"
+    shortest = Decimal(repr(abs(value))).normalize().as_tuple()  # repr: the shortest round-trip digits
+    digits = "".join(map(str, shortest.digits))
+    exponent = len(digits) - 1 + int(shortest.exponent)
+    if exponent < -4 or exponent >= 6:
+        fraction = f".{digits[1:]}" if len(digits) > 1 else ""
+        return f"{sign}{digits[0]}{fraction}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+    if exponent < 0:
+        return f"{sign}0.{'0' * (-exponent - 1)}{digits}"
+    whole, fraction = digits[: exponent + 1].ljust(exponent + 1, "0"), digits[exponent + 1 :]
+    return f"{sign}{whole}.{fraction}" if fraction else f"{sign}{whole}"
 
 
 @register("string", False, 1, STRING)
@@ -755,11 +766,16 @@ def _reverse(act: Activation, items: Any) -> list[Any]:
 _COMPARABLE: Final = (str, bytes, bool, int, float, UInt, Duration, Timestamp)
 
 
-def _sort_key_check(name: str, seq: list[Any]) -> None:
-    kinds = {type(x) for x in seq}
-    numeric = all(is_number(x) for x in seq)
-    if not numeric and (len(kinds) > 1 or (kinds and next(iter(kinds)) not in _COMPARABLE)):
-        raise EvalError(f"{name}: list elements must have the same comparable type")
+def check_sort_keys(keys: list[Any]) -> None:
+    """cel-go's @sortByAssociatedKeys (sort, sortBy): the first key must be comparable and every key of its
+    very type (an int and a double never sort together)."""
+    if not keys:
+        return
+    first = type(keys[0])
+    if first not in _COMPARABLE:
+        raise EvalError("list elements must be comparable")
+    if any(type(k) is not first for k in keys):
+        raise EvalError("list elements must have the same type")
 
 
 def _order(name: str, act: Activation, a: Any, b: Any) -> int:
@@ -772,7 +788,7 @@ def _order(name: str, act: Activation, a: Any, b: Any) -> int:
 @register("sort", True, 1)
 def _sort(act: Activation, items: Any) -> list[Any]:
     seq = _list("sort", items)
-    _sort_key_check("sort", seq)
+    check_sort_keys(seq)
     return sorted(seq)
 
 
@@ -791,8 +807,19 @@ def _last(act: Activation, items: Any) -> Optional:
 @register("isSorted", True, 1, BOOL)
 def _is_sorted(act: Activation, items: Any) -> bool:
     seq = _list("isSorted", items)
-    _sort_key_check("isSorted", seq)
-    return all(_order("isSorted", act, a, b) <= 0 for a, b in itertools.pairwise(seq))
+    for i, item in enumerate(seq):  # Kubernetes' isSorted: each element comparable, a failed comparison passed over
+        if type(item) not in _COMPARABLE:
+            raise no_overload("isSorted", item)
+        if i and _order_or_none(act, seq[i - 1], item) == 1:
+            return False
+    return True
+
+
+def _order_or_none(act: Activation, a: Any, b: Any) -> int | None:
+    try:
+        return _order("isSorted", act, a, b)
+    except EvalError:
+        return None
 
 
 @register("sum", True, 1)
@@ -887,7 +914,8 @@ def _semver_part(name: str) -> Impl:
     def part(act: Activation, v: Any) -> int:
         if not isinstance(v, Semver):
             raise no_overload(name, v)
-        return int(getattr(v, name))
+        value = int(getattr(v, name))  # a uint64 that Kubernetes converts to int64: Go wraps it around
+        return value - 2**64 if value > INT64_MAX else value
 
     return part
 
