@@ -254,17 +254,17 @@ class Compiler:
 
         # the presence test replaces the attribute's own 1; over a value that is no attribute, it adds 1
         extra = 0 if self.is_attribute(node.select.operand) else 1
+        # over an optional, cel-go charges the presence test only when it finds the field (a variable's own 1 is
+        # the test's, so it is given back)
+        refund = extra if extra else int(isinstance(node.select.operand, ast.Ident))
 
         def has(a: Activation) -> bool:
             value = operand(a)
             a.cost += extra
-            if isinstance(value, DomainMap):
-                return True  # compile.go's map Find() reports every domain present (an empty default)
-            if isinstance(value, dict):
-                return not is_missing(map_get(value, field))
-            if isinstance(value, Device):
-                return True
-            raise EvalError(f"invalid type for field selection: {type_name(value)}")
+            present = _present(value, field)
+            if not present and isinstance(value, Optional):
+                a.cost -= refund
+            return present
 
         return has, BOOL
 
@@ -897,6 +897,24 @@ def _get(container: Any, key: Any, is_field: bool) -> Any:
     if isinstance(container, Optional):
         return _optional_get(container, key, is_field)
     raise no_overload("_[_]" if not is_field else "_._", container, key)
+
+
+def _present(value: Any, field: str) -> bool:
+    """cel-go's presence test of `field`: an optional is looked into, a map (the device too) has the key, a list
+    refuses a string index, and anything else (a scalar, a Kubernetes type) has no fields: false, not an error."""
+    if isinstance(value, Optional):
+        if not value.has_value:
+            return False
+        value = value.value
+    if isinstance(value, DomainMap):
+        return True  # compile.go's map Find() reports every domain present (an empty default)
+    if isinstance(value, dict):
+        return not is_missing(map_get(value, field))
+    if isinstance(value, Device):
+        return field in Device.FIELDS
+    if isinstance(value, list):
+        raise EvalError("unsupported index type 'string' in list")
+    return False
 
 
 def _show_key(key: Any) -> str:

@@ -122,6 +122,64 @@ NUMBERS: Final[tuple[str, ...]] = (
     'semver("1.0.0-2").isLessThan(semver("1.0.0-10"))',
 )
 
+# `has()` on a value without fields (a scalar, a Kubernetes type, a string attribute): false in cel-go, not an error;
+# an optional is looked into, a list refuses a field name.
+HAS: Final[tuple[str, ...]] = (
+    "has(dyn(1).x)",
+    'has(dyn("a").x)',
+    "has(dyn([1]).x)",
+    "has(dyn(true).x)",
+    "has(dyn(null).x)",
+    "has(dyn(1.5).x)",
+    'has(dyn(b"a").x)',
+    "has(dyn(optional.of(1)).x)",
+    'has(dyn(duration("1s")).seconds)',
+    'has(dyn(timestamp("2020-01-01T00:00:00Z")).seconds)',
+    'has(dyn(quantity("1")).x)',
+    'has(dyn(semver("1.0.0")).major)',
+    'has(dyn(ip("1.2.3.4")).x)',
+    "has(dyn(type(1)).x)",
+    'has({"a": dyn(1)}.a.b)',
+    'has({"a": dyn("s")}.a.b)',
+    'has({"a": dyn({"b": 1})}.a.b)',
+    'has({"a": dyn([1])}.a.b)',
+    'has(device.attributes["gpu.dra-driver.dev"].productName.x)',
+    'has(device.attributes["gpu.dra-driver.dev"].index.x)',
+    'has(device.attributes["gpu.dra-driver.dev"].nope.x)',
+    'has(device.capacity["gpu.dra-driver.dev"].memory.x)',
+    "has(device.driver.x)",
+    "has(device.allowMultipleAllocations.x)",
+    "has(device.x)",
+    "has(device.attributes.x)",
+    "has(dyn(device).attributes)",
+    "has(dyn(device).x)",
+    "has(dyn(device).driver)",
+    'has(dyn({"a": 1}).a)',
+    "has(1.x)",
+    'has("a".x)',
+    "has([1].x)",
+    "has({1: 2}.x)",
+    "has(dyn({1: 2}).x)",
+    'has(optional.of({"a": 1}).a)',
+    "has(optional.none().a)",
+    'has(dyn(optional.of({"a": 1})).a)',
+    "has(dyn(1/0).x)",
+    'has({"a": 1}.a.b)',
+    '[1, "a"].exists(x, has(x.y))',
+    '[dyn(1), dyn({"y": 1})].exists(x, has(x.y))',
+    '[dyn({"y": 1}), dyn(1)].exists(x, has(x.y))',
+    '[dyn({"y": 1}), dyn(1)].all(x, has(x.y))',
+    "has(dyn(format.dns1123Label()).x)",
+    'has(dyn(url("https://a")).x)',
+    'has(dyn(cidr("1.2.3.0/24")).x)',
+    'cel.bind(o, optional.of({"a": {"b": 1}}), has(o.a.b))',
+    "cel.bind(o, optional.none(), has(o.a))",
+    "cel.bind(o, optional.of(1), has(o.a))",
+    "has(optional.of(dyn(1)).a)",
+    "has(optional.of([1]).a)",
+    '[dyn("a"), dyn({"x": 1})].filter(v, has(v.x)).size() == 1',
+)
+
 # Conversions as Go's strconv parses and prints numbers: cel-go's int(), uint(), double() and string().
 CONVERSIONS: Final[tuple[str, ...]] = (
     'double("1e400") > 0.0',
@@ -187,6 +245,7 @@ CLASSES: Final[dict[str, tuple[str, ...]]] = {
     "edge-bind": BIND,
     "edge-numbers": NUMBERS,
     "edge-conversions": CONVERSIONS,
+    "edge-has": HAS,
 }
 
 
