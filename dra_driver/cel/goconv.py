@@ -1,10 +1,11 @@
-"""Go's strconv number parsing, which cel-go's int(), uint() and double() of a string use: each returns `None`
-where Go returns an error (bad syntax, or out of range)."""
+"""Go's strconv number parsing, which cel-go's int(), uint() and double() of a string use (each returns `None`
+where Go returns an error: bad syntax, or out of range), and its printing of a double, which string() uses."""
 
 from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Final
 
 _INT: Final = re.compile(r"[+-]?[0-9]+\Z")  # ParseInt(s, 10, 64): a sign, ASCII digits, no underscores
@@ -62,3 +63,25 @@ def _underscores_ok(text: str) -> bool:
         else:
             saw = "!"
     return saw != "_"
+
+
+def format_double(value: float) -> str:
+    """Go's `%g` (strconv.FormatFloat(v, 'g', -1, 64)), which cel-go's string(double) uses: the shortest digits
+    that round-trip, in exponent form when the decimal exponent is below -4 or at least 6."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return f"{sign}0"
+    shortest = Decimal(repr(abs(value))).normalize().as_tuple()  # repr: the shortest round-trip digits
+    digits = "".join(map(str, shortest.digits))
+    exponent = len(digits) - 1 + int(shortest.exponent)
+    if exponent < -4 or exponent >= 6:
+        fraction = f".{digits[1:]}" if len(digits) > 1 else ""
+        return f"{sign}{digits[0]}{fraction}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+    if exponent < 0:
+        return f"{sign}0.{'0' * (-exponent - 1)}{digits}"
+    whole, fraction = digits[: exponent + 1].ljust(exponent + 1, "0"), digits[exponent + 1 :]
+    return f"{sign}{whole}.{fraction}" if fraction else f"{sign}{whole}"

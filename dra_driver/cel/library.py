@@ -11,17 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Final, TypeVar
 
 from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
-from dra_driver.cel.goconv import parse_float, parse_int, parse_uint
+from dra_driver.cel.goconv import format_double, parse_float, parse_int, parse_uint
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
 from dra_driver.cel.semver import Semver, parse_semver
+from dra_driver.cel.strformat import format_non_finite, format_string, non_finite_double
 from dra_driver.cel.types import (
     BOOL,
     BYTES,
@@ -343,28 +343,6 @@ def _from_string(value: _N | None, kind: str) -> _N:
     return value
 
 
-def format_double(value: float) -> str:
-    """Go's `%g` (strconv.FormatFloat(v, 'g', -1, 64)), which cel-go's string(double) uses: the shortest digits
-    that round-trip, in exponent form when the decimal exponent is below -4 or at least 6."""
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    sign = "-" if math.copysign(1.0, value) < 0 else ""
-    if value == 0:
-        return f"{sign}0"
-    shortest = Decimal(repr(abs(value))).normalize().as_tuple()  # repr: the shortest round-trip digits
-    digits = "".join(map(str, shortest.digits))
-    exponent = len(digits) - 1 + int(shortest.exponent)
-    if exponent < -4 or exponent >= 6:
-        fraction = f".{digits[1:]}" if len(digits) > 1 else ""
-        return f"{sign}{digits[0]}{fraction}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
-    if exponent < 0:
-        return f"{sign}0.{'0' * (-exponent - 1)}{digits}"
-    whole, fraction = digits[: exponent + 1].ljust(exponent + 1, "0"), digits[exponent + 1 :]
-    return f"{sign}{whole}.{fraction}" if fraction else f"{sign}{whole}"
-
-
 @register("string", False, 1, STRING)
 def _to_string(act: Activation, a: Any) -> str:
     if isinstance(a, bool):
@@ -605,8 +583,14 @@ register("join", True, 2, STRING)(_join)
 @register("strings.quote", False, 1, STRING)
 def _quote(act: Activation, s: Any) -> str:
     _strings("strings.quote", s)
-    escaped = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{escaped.replace(chr(13), chr(92) + "r")}"'
+    return '"' + str(s).translate(_QUOTE_ESCAPES) + '"'
+
+
+# cel-go's quote escapes only these; every other character, printable or not, is written as it is
+_QUOTE_ESCAPES: Final = str.maketrans(
+    {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+    | {"\\": "\\\\", '"': '\\"'}
+)
 
 
 @register("format", True, 2, STRING)
@@ -645,19 +629,17 @@ def _format(act: Activation, fmt: Any, args: Any) -> str:
 
 def _format_verb(act: Activation, verb: str, arg: Any, precision: int | None) -> str:
     if verb == "s":
-        if isinstance(arg, list):
-            return "[" + ", ".join(_format_verb(act, "s", x, None) for x in arg) + "]"
-        if arg is None:
-            return "null"
-        if isinstance(arg, Quantity | Semver):
-            raise EvalError(f"error during formatting: unsupported type {type_name(arg)} for %s")
-        return str(_to_string(act, arg))
+        return format_string(arg)
     if verb == "d" and isinstance(arg, int) and not isinstance(arg, bool):
         return str(int(arg))
+    if verb in "fe" and (non_finite := non_finite_double(arg)) is not None:
+        return format_non_finite(non_finite, 6 if verb == "e" else 0)
     if verb == "f" and is_number(arg):  # golang.org/x/text's en_US printer: thousands separators
         return f"{float(arg):,.{6 if precision is None else precision}f}"
     if verb == "e" and is_number(arg):
         return _scientific(float(arg))
+    if verb == "b" and isinstance(arg, bool):
+        return "1" if arg else "0"
     if verb in "xXob" and isinstance(arg, int | str | bytes) and not isinstance(arg, bool):
         if isinstance(arg, int):
             return format(int(arg), verb)
