@@ -86,7 +86,7 @@ TRUE_CASES = [
     "'hello mellow'.lastIndexOf('ello') == 7 && 'hello mellow'.lastIndexOf('ello', 6) == 1",
     "'hello'.charAt(1) == 'e' && 'hello'.charAt(5) == ''",
     "'%s is %d years, %.2f%%'.format(['Ann', 30, 1.5]) == 'Ann is 30 years, 1.50%'",
-    "'%x'.format([255]) == 'ff' && '%s'.format([[1, 'a']]) == '[1, a]'",
+    "'%x'.format([255]) == 'ff' && '%s'.format([[1, 'a']]) == '[1, \"a\"]'",
     "strings.quote('a\"b') == '\"a\\\\\"b\"'",
     "'abc'.contains('b') && 'abc'.startsWith('ab') && 'abc'.endsWith('bc')",
     # regex (RE2)

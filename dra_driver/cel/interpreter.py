@@ -24,7 +24,15 @@ from dra_driver.cel.callcost import CallCost, call_cost, equality, tenth
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.decls import Decl
 from dra_driver.cel.errors import CelCompileError, EvalError, EvaluationAborted
-from dra_driver.cel.library import FOLDABLE, REGISTRY, SAME_AS_RECEIVER, compile_regex, known_names, no_overload
+from dra_driver.cel.library import (
+    FOLDABLE,
+    REGISTRY,
+    SAME_AS_RECEIVER,
+    check_sort_keys,
+    compile_regex,
+    known_names,
+    no_overload,
+)
 from dra_driver.cel.parser import format_error
 from dra_driver.cel.types import (
     BOOL,
@@ -246,17 +254,17 @@ class Compiler:
 
         # the presence test replaces the attribute's own 1; over a value that is no attribute, it adds 1
         extra = 0 if self.is_attribute(node.select.operand) else 1
+        # over an optional, cel-go charges the presence test only when it finds the field (a variable's own 1 is
+        # the test's, so it is given back)
+        refund = extra if extra else int(isinstance(node.select.operand, ast.Ident))
 
         def has(a: Activation) -> bool:
             value = operand(a)
             a.cost += extra
-            if isinstance(value, DomainMap):
-                return True  # compile.go's map Find() reports every domain present (an empty default)
-            if isinstance(value, dict):
-                return not is_missing(map_get(value, field))
-            if isinstance(value, Device):
-                return True
-            raise EvalError(f"invalid type for field selection: {type_name(value)}")
+            present = _present(value, field)
+            if not present and isinstance(value, Optional):
+                a.cost -= refund
+            return present
 
         return has, BOOL
 
@@ -330,8 +338,9 @@ class Compiler:
         body, btype = self.compile(node.body, {**scope, node.var: itype})
         var = node.var
         # cel-go evaluates a bind's value on first use (an error or cost in an unused one never happens). The value
-        # must see the variables of the bind: snapshot them only when the body rebinds a name the value reads.
-        snapshot = bool(_free_names(node.init) & _bound_names(node.body))
+        # must see the variables of the bind: snapshot them only when the value reads a name that the bind itself
+        # or its body rebinds (`cel.bind(x, x + 1, ...)` reads the outer x).
+        snapshot = _rebinds_a_read(node.init, var, node.body)
 
         def bind(a: Activation) -> Any:
             saved = a.vars.get(var, _UNSET)
@@ -414,7 +423,7 @@ class Compiler:
         target is evaluated again, with `value()`, only when the body first reads `v`."""
         body, btype = self.compile(node.body, {**scope, node.var: ttype.param(0)})
         var = node.var
-        snapshot = bool(_free_names(node.target) & _bound_names(node.body))
+        snapshot = _rebinds_a_read(node.target, var, node.body)
 
         def reread(a: Activation) -> Any:
             again = target(a)
@@ -841,6 +850,12 @@ def _free_names(node: ast.Node) -> set[str]:
     return {n.name for n in ast.walk(node) if isinstance(n, ast.Ident)}
 
 
+def _rebinds_a_read(value: ast.Node, var: str, body: ast.Node) -> bool:
+    """Whether a lazily read `value` bound to `var` over `body` reads a name that `var` or `body` shadows, so that
+    it must be evaluated with the variables of the bind rather than those of the read."""
+    return bool(_free_names(value) & (_bound_names(body) | {var}))
+
+
 def _bound_names(node: ast.Node) -> set[str]:
     names: set[str] = set()
     for n in ast.walk(node):
@@ -882,6 +897,24 @@ def _get(container: Any, key: Any, is_field: bool) -> Any:
     if isinstance(container, Optional):
         return _optional_get(container, key, is_field)
     raise no_overload("_[_]" if not is_field else "_._", container, key)
+
+
+def _present(value: Any, field: str) -> bool:
+    """cel-go's presence test of `field`: an optional is looked into, a map (the device too) has the key, a list
+    refuses a string index, and anything else (a scalar, a Kubernetes type) has no fields: false, not an error."""
+    if isinstance(value, Optional):
+        if not value.has_value:
+            return False
+        value = value.value
+    if isinstance(value, DomainMap):
+        return True  # compile.go's map Find() reports every domain present (an empty default)
+    if isinstance(value, dict):
+        return not is_missing(map_get(value, field))
+    if isinstance(value, Device):
+        return field in Device.FIELDS
+    if isinstance(value, list):
+        raise EvalError("unsupported index type 'string' in list")
+    return False
 
 
 def _show_key(key: Any) -> str:
@@ -1049,9 +1082,7 @@ def _run_sort_by(
     a.charge(1)
     keys = [k for k, _ in keyed]
     a.charge(1 if priced is None else priced.fn([[v for _, v in keyed], keys], None))
-    kinds = {type(k) for k in keys}
-    if len(kinds) > 1 and not all(isinstance(k, int | float) and not isinstance(k, bool) for k in keys):
-        raise EvalError("sortBy: keys must have the same comparable type")
+    check_sort_keys(keys)
     keyed.sort(key=lambda kv: kv[0])
     return [v for _, v in keyed]
 

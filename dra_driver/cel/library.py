@@ -8,19 +8,20 @@ interpreter charges each call's cost (`callcost`), the overloads do not.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
+from dra_driver.cel.goconv import format_double, parse_float, parse_int, parse_uint
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
 from dra_driver.cel.semver import Semver, parse_semver
+from dra_driver.cel.strformat import format_non_finite, format_string, non_finite_double
 from dra_driver.cel.types import (
     BOOL,
     BYTES,
@@ -47,6 +48,7 @@ from dra_driver.cel.values import (
     is_missing,
     is_number,
     map_get,
+    number_compare,
     type_name,
     value_equals,
 )
@@ -193,7 +195,7 @@ def _ordered(name: str, act: Activation, a: Any, b: Any) -> int:
         raise no_overload(name, a, b)
     if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
         raise EvalError("NaN values cannot be ordered")
-    return int((a > b) - (a < b))
+    return number_compare(a, b) if ta is not tb else int((a > b) - (a < b))
 
 
 @register("_<_", False, 2, BOOL)
@@ -303,10 +305,7 @@ def _to_int(act: Activation, a: Any) -> int:
             raise EvalError("integer overflow")
         return int(a)
     if isinstance(a, str):
-        try:
-            return _check_int(int(a, 10))
-        except ValueError:
-            raise EvalError("type conversion error from 'string' to 'int'") from None
+        return _from_string(parse_int(a), "int")
     raise no_overload("int", a)
 
 
@@ -317,15 +316,15 @@ def _to_uint(act: Activation, a: Any) -> UInt:
     if isinstance(a, int):
         return _check_uint(int(a))
     if isinstance(a, float):
-        if math.isnan(a) or not -1 < a < 2.0**64:
+        if math.isnan(a) or not 0 <= a < 2.0**64:  # -0.5 too: cel-go refuses any negative double
             raise EvalError("unsigned integer overflow")
         return UInt(int(a))
     if isinstance(a, str):
-        try:
-            return _check_uint(int(a, 10))
-        except ValueError:
-            raise EvalError("type conversion error from 'string' to 'uint'") from None
+        return UInt(_from_string(parse_uint(a), "uint"))
     raise no_overload("uint", a)
+
+
+_N = TypeVar("_N", int, float)
 
 
 @register("double", False, 1, DOUBLE)
@@ -333,25 +332,15 @@ def _to_double(act: Activation, a: Any) -> float:
     if is_number(a):
         return float(a)
     if isinstance(a, str):
-        try:
-            return float(a)
-        except ValueError:
-            raise EvalError(f"cannot convert string {a!r} to double") from None
+        return _from_string(parse_float(a), "double")
     raise no_overload("double", a)
 
 
-def format_double(value: float) -> str:
-    """Go's strconv.FormatFloat(v, 'g', -1, 64) spelling, which cel-go's string(double) uses."""
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    text = repr(value)
-    if "e" in text:
-        mantissa, exp = text.split("e")
-        sign = "-" if exp.startswith("-") else "+"
-        text = f"{mantissa.removesuffix('.0')}e{sign}{abs(int(exp)):02d}"
-    return text.removesuffix(".0")
+def _from_string(value: _N | None, kind: str) -> _N:
+    """A string conversion's result, or cel-go's error where Go's strconv refused the string."""
+    if value is None:
+        raise EvalError(f"type conversion error from 'string' to '{kind}'")
+    return value
 
 
 @register("string", False, 1, STRING)
@@ -594,8 +583,14 @@ register("join", True, 2, STRING)(_join)
 @register("strings.quote", False, 1, STRING)
 def _quote(act: Activation, s: Any) -> str:
     _strings("strings.quote", s)
-    escaped = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{escaped.replace(chr(13), chr(92) + "r")}"'
+    return '"' + str(s).translate(_QUOTE_ESCAPES) + '"'
+
+
+# cel-go's quote escapes only these; every other character, printable or not, is written as it is
+_QUOTE_ESCAPES: Final = str.maketrans(
+    {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+    | {"\\": "\\\\", '"': '\\"'}
+)
 
 
 @register("format", True, 2, STRING)
@@ -634,19 +629,17 @@ def _format(act: Activation, fmt: Any, args: Any) -> str:
 
 def _format_verb(act: Activation, verb: str, arg: Any, precision: int | None) -> str:
     if verb == "s":
-        if isinstance(arg, list):
-            return "[" + ", ".join(_format_verb(act, "s", x, None) for x in arg) + "]"
-        if arg is None:
-            return "null"
-        if isinstance(arg, Quantity | Semver):
-            raise EvalError(f"error during formatting: unsupported type {type_name(arg)} for %s")
-        return str(_to_string(act, arg))
+        return format_string(arg)
     if verb == "d" and isinstance(arg, int) and not isinstance(arg, bool):
         return str(int(arg))
+    if verb in "fe" and (non_finite := non_finite_double(arg)) is not None:
+        return format_non_finite(non_finite, 6 if verb == "e" else 0)
     if verb == "f" and is_number(arg):  # golang.org/x/text's en_US printer: thousands separators
         return f"{float(arg):,.{6 if precision is None else precision}f}"
     if verb == "e" and is_number(arg):
         return _scientific(float(arg))
+    if verb == "b" and isinstance(arg, bool):
+        return "1" if arg else "0"
     if verb in "xXob" and isinstance(arg, int | str | bytes) and not isinstance(arg, bool):
         if isinstance(arg, int):
             return format(int(arg), verb)
@@ -755,11 +748,16 @@ def _reverse(act: Activation, items: Any) -> list[Any]:
 _COMPARABLE: Final = (str, bytes, bool, int, float, UInt, Duration, Timestamp)
 
 
-def _sort_key_check(name: str, seq: list[Any]) -> None:
-    kinds = {type(x) for x in seq}
-    numeric = all(is_number(x) for x in seq)
-    if not numeric and (len(kinds) > 1 or (kinds and next(iter(kinds)) not in _COMPARABLE)):
-        raise EvalError(f"{name}: list elements must have the same comparable type")
+def check_sort_keys(keys: list[Any]) -> None:
+    """cel-go's @sortByAssociatedKeys (sort, sortBy): the first key must be comparable and every key of its
+    very type (an int and a double never sort together)."""
+    if not keys:
+        return
+    first = type(keys[0])
+    if first not in _COMPARABLE:
+        raise EvalError("list elements must be comparable")
+    if any(type(k) is not first for k in keys):
+        raise EvalError("list elements must have the same type")
 
 
 def _order(name: str, act: Activation, a: Any, b: Any) -> int:
@@ -772,7 +770,7 @@ def _order(name: str, act: Activation, a: Any, b: Any) -> int:
 @register("sort", True, 1)
 def _sort(act: Activation, items: Any) -> list[Any]:
     seq = _list("sort", items)
-    _sort_key_check("sort", seq)
+    check_sort_keys(seq)
     return sorted(seq)
 
 
@@ -791,8 +789,19 @@ def _last(act: Activation, items: Any) -> Optional:
 @register("isSorted", True, 1, BOOL)
 def _is_sorted(act: Activation, items: Any) -> bool:
     seq = _list("isSorted", items)
-    _sort_key_check("isSorted", seq)
-    return all(_order("isSorted", act, a, b) <= 0 for a, b in itertools.pairwise(seq))
+    for i, item in enumerate(seq):  # Kubernetes' isSorted: each element comparable, a failed comparison passed over
+        if type(item) not in _COMPARABLE:
+            raise no_overload("isSorted", item)
+        if i and _order_or_none(act, seq[i - 1], item) == 1:
+            return False
+    return True
+
+
+def _order_or_none(act: Activation, a: Any, b: Any) -> int | None:
+    try:
+        return _order("isSorted", act, a, b)
+    except EvalError:
+        return None
 
 
 @register("sum", True, 1)
@@ -887,7 +896,8 @@ def _semver_part(name: str) -> Impl:
     def part(act: Activation, v: Any) -> int:
         if not isinstance(v, Semver):
             raise no_overload(name, v)
-        return int(getattr(v, name))
+        value = int(getattr(v, name))  # a uint64 that Kubernetes converts to int64: Go wraps it around
+        return value - 2**64 if value > INT64_MAX else value
 
     return part
 

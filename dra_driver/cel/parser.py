@@ -6,6 +6,7 @@ expanded here, as cel-go's parser does, so later stages see dedicated nodes.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Final
 
@@ -351,6 +352,8 @@ class Parser:
         text = tok.text
         if tok.kind == "float":
             value = float(text)
+            if math.isinf(value):  # Go's ParseFloat refuses what rounds beyond the largest double
+                self._fail(tok, "invalid double literal")
             return ast.Const(tok.pos, -value if negative else value)
         unsigned = text.endswith(("u", "U"))
         digits = text.rstrip("uU")

@@ -29,8 +29,9 @@ class Semver:
         match = _STRICT.match(source)
         if match is None:
             raise EvalError(_blang_error(source))
-        for digits in match.group(1, 2, 3):
-            if int(digits) > _UINT64_MAX:  # blang/semver parses each part with strconv.ParseUint
+        pre = match.group(4).split(".") if match.group(4) else []
+        for digits in [*match.group(1, 2, 3), *(p for p in pre if p.isdigit())]:
+            if int(digits) > _UINT64_MAX:  # blang/semver parses each number with strconv.ParseUint
                 raise EvalError(f'strconv.ParseUint: parsing "{digits}": value out of range')
         self.text = source
         self.major, self.minor, self.patch = int(match.group(1)), int(match.group(2)), int(match.group(3))

@@ -116,12 +116,41 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# A double beyond these bounds is beyond every int (uint); Go's float64(math.MaxInt64) rounds up to 2^63.
+_INT_BOUNDS: Final = (-(2.0**63), 2.0**63)
+_UINT_BOUNDS: Final = (0.0, 2.0**64)
+
+
+def number_compare(left: int | float, right: int | float) -> int:
+    """cel-go's ordering of two numbers (NaN aside): an int and a uint compare exactly, but an int or uint and a
+    double compare as two doubles once the double is known to be within the integer type's range, so
+    9007199254740993 equals 9007199254740992.0."""
+    if isinstance(left, float) == isinstance(right, float):
+        return int((left > right) - (left < right))
+    if isinstance(left, float):
+        return -number_compare(right, left)
+    low, high = _UINT_BOUNDS if isinstance(left, UInt) else _INT_BOUNDS
+    if right < low:
+        return 1
+    if right > high:
+        return -1
+    as_double = float(left)
+    return int((as_double > right) - (as_double < right))
+
+
+def number_equal(left: int | float, right: int | float) -> bool:
+    """Numeric equality across int, uint and double, as cel-go's Equal: NaN equals nothing."""
+    if right != right or left != left:
+        return False
+    return number_compare(left, right) == 0
+
+
 def cel_equal(left: Any, right: Any) -> bool:
     """Heterogeneous equality: different types are unequal (not an error); numbers compare across int/uint/double."""
     if isinstance(left, bool) or isinstance(right, bool):
         return isinstance(left, bool) and isinstance(right, bool) and left == right
     if is_number(left) and is_number(right):
-        return bool(left == right)  # Python compares int/float exactly, as CrossTypeNumericComparisons requires
+        return number_equal(left, right)
     if type(left) is not type(right):
         if isinstance(left, Quantity | Semver):  # their Equal() rejects other types; String's just says false
             raise EvalError("no such overload")
@@ -161,7 +190,7 @@ def value_equals(left: Any, right: Any) -> bool | None:
     if isinstance(left, bool):
         return isinstance(right, bool) and left == right
     if isinstance(left, int | float):
-        return is_number(right) and bool(left == right)
+        return is_number(right) and number_equal(left, right)
     if isinstance(left, _STRICT_EQUAL):
         if type(right) is not type(left):
             return None
@@ -254,9 +283,9 @@ def _lookup(mapping: dict[Any, Any], key: Any) -> Any:
             if isinstance(k, bool) and k == key:
                 return v
         return _MISSING
-    if key in mapping:
+    if key in mapping:  # a double key is looked up as the int or uint it converts to losslessly: exactly
         for k, v in mapping.items():
-            if not isinstance(k, bool) and cel_equal(k, key):
+            if not isinstance(k, bool) and (k == key if is_number(key) else cel_equal(k, key)):
                 return v
     return _MISSING
 

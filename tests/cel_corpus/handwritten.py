@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from tests.cel_corpus.edges import cases as edge_cases
 from tests.cel_corpus.formats import cases as format_cases
 
 D: Final = 'device.attributes["gpu.dra-driver.dev"]'
@@ -478,4 +479,5 @@ def cases() -> list[tuple[str, str, tuple[str, ...] | None]]:
     for case in ISSUE + ORDINARY + CHECKER + EQUALITY:
         out.append((case[0], case[1], case[2] if len(case) == 3 else None))  # type: ignore[misc]
     out.extend(format_cases())  # Kubernetes' format library: tests/cel_corpus/formats.py
+    out.extend(edge_cases())  # where an interpreter most easily parts from cel-go: tests/cel_corpus/edges.py
     return out
