@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
-import shutil
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +17,9 @@ import pytest
 from dra_driver.cel import values
 from dra_driver.cel.ext import OVERLOADS, ExtError, call
 from tests.cel_corpus.runner import Case, kubernetes
+from tests.gotools import built_binary
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("DRA_K8S_REQUIRE") == "1"
 _INPUTS = {"$x": 'device.attributes["d"].x', "$y": 'device.attributes["d"].y'}
 
 
@@ -113,16 +110,7 @@ def device(case: ExtCase) -> str:
 @functools.cache  # one build-script run per session, shared by the three library test modules
 def celeval_binary() -> Path:
     """tools/celeval, built (cached) by scripts/build-celeval.sh; skips without Go unless DRA_K8S_REQUIRE=1."""
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").is_file():
-        if REQUIRE:
-            pytest.fail("DRA_K8S_REQUIRE=1 but no Go toolchain to build tools/celeval")
-        pytest.skip("no Go toolchain to build tools/celeval")
-    env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/local/go/bin"}
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "build-celeval.sh")], capture_output=True, text=True, timeout=1800, env=env, check=False
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built_binary("build-celeval.sh", "tools/celeval")
 
 
 def check_kubernetes(binary: Path, cases: list[ExtCase]) -> list[str]:
