@@ -20,8 +20,9 @@ _TOKEN_RE: Final = re.compile(
   | (?P<float>(?:[0-9]+\.[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+|\.[0-9]+(?:[eE][+-]?[0-9]+)?))
   | (?P<hex>0x[0-9a-fA-F]+[uU]?)  # cel-go's lexer: lower-case 0x only
   | (?P<int>[0-9]+[uU]?)
-  | (?P<string>[rR]?[bB]?[rR]?
-        (?:\"\"\"(?:\\.|[^\\])*?\"\"\"|'''(?:\\.|[^\\])*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
+  | (?P<string>[bB]?[rR]  # raw (bytes: b before r): a backslash is itself, so it cannot hold its own quote
+        (?:\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"[^"\n]*"|'[^'\n]*')
+      | [bB]?(?:\"\"\"(?:\\.|[^\\])*?\"\"\"|'''(?:\\.|[^\\])*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op>\.\?|\[\?|==|!=|<=|>=|&&|\|\||[-+*/%!<>?:.,()\[\]{}])
     """,
@@ -54,6 +55,7 @@ _ESCAPES: Final = {
     "\\": "\\", "'": "'", '"': '"', "`": "`", "?": "?",
 }  # fmt: skip
 _INT64_MAX: Final = 2**63 - 1
+ACCUMULATOR: Final = "__result__"  # cel-go's comprehension accumulator (parser.AccumulatorName)
 MAX_RECURSION_DEPTH: Final = 250  # cel-go's parser default
 _UINT64_MAX: Final = 2**64 - 1
 
@@ -108,23 +110,31 @@ def _unescape(body: str, raw: bool, as_bytes: bool) -> str | bytes:
             chunks.append(_ESCAPES[nxt].encode())
             i += 2
         elif nxt in "xX":
-            code = int(body[i + 2 : i + 4], 16)
+            code = int(_digits(body, i + 2, 2, "0123456789abcdefABCDEF"), 16)
             chunks.append(bytes([code]) if as_bytes else chr(code).encode())
             i += 4
         elif nxt in "uU":
             if as_bytes:
                 raise ValueError("unicode escape in a bytes literal")
             width = 4 if nxt == "u" else 8
-            chunks.append(chr(int(body[i + 2 : i + 2 + width], 16)).encode())
+            chunks.append(chr(int(_digits(body, i + 2, width, "0123456789abcdefABCDEF"), 16)).encode())
             i += 2 + width
         elif nxt in "0123":
-            code = int(body[i + 1 : i + 4], 8)
+            code = int(_digits(body, i + 1, 3, "01234567"), 8)
             chunks.append(bytes([code]) if as_bytes else chr(code).encode())
             i += 4
         else:
             raise ValueError(f"invalid escape sequence \\{nxt}")
     data = b"".join(chunks)
     return data if as_bytes else data.decode("utf-8", errors="surrogatepass")
+
+
+def _digits(body: str, start: int, count: int, allowed: str) -> str:
+    """Exactly `count` digits of an escape (cel-go's lexer takes nothing shorter: `\\u00` is no token)."""
+    digits = body[start : start + count]
+    if len(digits) != count or any(c not in allowed for c in digits):
+        raise ValueError(f"invalid escape sequence {body[start - 1 : start + count]!r}")
+    return digits
 
 
 class Parser:
@@ -399,22 +409,40 @@ class Parser:
             return ast.Call(pos, name, tuple(args))
         if name == "bind" and n == 3 and isinstance(target, ast.Ident) and target.name == "cel":
             return ast.Bind(pos, self._var(args[0]), args[1], args[2])
-        one_var = {"all": 2, "exists": 2, "exists_one": 2, "existsOne": 2, "filter": 2, "map": 2, "sortBy": 2}
+        # Kubernetes' environment has cel-go's standard macros (exists_one, not the camel-case existsOne alias)
+        one_var = {"all": 2, "exists": 2, "exists_one": 2, "filter": 2, "map": 2, "sortBy": 2}
         if name in one_var and n == 2:
-            return ast.Comprehension(pos, name.replace("existsOne", "exists_one"), target, self._var(args[0]), None,
-                                     args[1])  # fmt: skip
+            return ast.Comprehension(pos, name, target, self._iteration_var(args[0], name), None, args[1])
         if name == "optMap" and n == 2:
             return ast.Comprehension(pos, name, target, self._var(args[0]), None, args[1])
         if name == "map" and n == 3:
-            return ast.Comprehension(pos, "map", target, self._var(args[0]), None, args[1], args[2])
-        if name in ("all", "exists", "exists_one", "existsOne") and n == 3:
-            var, var2 = self._var(args[0]), self._var(args[1])
-            return ast.Comprehension(pos, name.replace("existsOne", "exists_one"), target, var, var2, args[2])
+            return ast.Comprehension(pos, "map", target, self._iteration_var(args[0], name), None, args[1], args[2])
+        if name in ("all", "exists", "exists_one") and n == 3:
+            var, var2 = self._iteration_vars(args)
+            return ast.Comprehension(pos, name, target, var, var2, args[2])
         if name in ("transformList", "transformMap", "transformMapEntry") and n in (3, 4):
-            var, var2 = self._var(args[0]), self._var(args[1])
+            var, var2 = self._iteration_vars(args)
             body, transform = (args[2], args[3]) if n == 4 else (ast.Const(pos, True), args[2])
             return ast.Comprehension(pos, name, target, var, var2, body, transform, filtered=n == 4)
         return ast.Call(pos, name, tuple(args), target)
+
+    def _iteration_var(self, node: ast.Node, macro: str) -> str:
+        """A comprehension's variable, which may not shadow its accumulator (cel-go's macro expanders; sortBy's
+        variable is not a comprehension's)."""
+        name = self._var(node)
+        if name == ACCUMULATOR and macro != "sortBy":
+            self._fail(node.pos, "iteration variable overwrites accumulator variable")
+        return name
+
+    def _iteration_vars(self, args: list[ast.Node]) -> tuple[str, str]:
+        """The two variables of a two-variable comprehension: neither the accumulator nor each other."""
+        var, var2 = self._var(args[0]), self._var(args[1])
+        for node, name in ((args[0], var), (args[1], var2)):
+            if name == ACCUMULATOR:
+                self._fail(node.pos, "iteration variable overwrites accumulator variable")
+        if var == var2:
+            self._fail(args[1].pos, f"duplicate variable name: {var}")
+        return var, var2
 
 
 _NESTING_OPS: Final = frozenset({"_?_:_", "_+_", "_-_", "_*_", "_/_", "_%_", *_RELATIONS.values()})

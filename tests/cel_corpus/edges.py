@@ -333,12 +333,50 @@ FORMAT: Final[tuple[str, ...]] = (
     '"%s".format([[device.driver]]) == "[\\"gpu.dra-driver.dev\\"]"',
 )
 
+# What cel-go refuses before evaluating: a comprehension whose variables repeat or shadow its accumulator, the
+# camel-case existsOne (not in Kubernetes' environment), escapes with too few digits, a raw string's quote.
+COMPILE: Final[tuple[str, ...]] = (
+    "[1, 2].all(v, v, v > 0)",
+    "{'a': 1}.exists(key, key, key == 'a')",
+    "[3].exists_one(n, n, n == 3)",
+    "{'a': 1}.transformMap(k, k, k)",
+    "[1].transformList(a, a, a > 0, a) == [1]",
+    "[1, 2].transformMapEntry(i, i, {i: i}) == {}",
+    "[1].all(i, __result__, true)",
+    "[1].exists(__result__, __result__)",
+    "[1].map(__result__, 1) == [1]",
+    "[1].filter(__result__, true) == [1]",
+    "[1].map(__result__, true, 2) == [2]",
+    "[2].exists_one(__result__, true)",
+    "[1, 2].map(x, x, x * 2) == [2, 4]",
+    "[1].map(x, x) == [1] && [1].all(y, y == 1)",
+    "[5, 6].existsOne(x, x == 5)",
+    "['a'].existsOne(s, s.size() == 1)",
+    "[1].exists_one(x, x == 1)",
+    '"\\u12" == ""',
+    '"\\U0001F60" == ""',
+    '"\\x" == ""',
+    '"\\xg1" == ""',
+    'b"\\x1" == b""',
+    '"\\12" == ""',
+    '"\\u00e9" == "é"',
+    '"\\x41" == "A"',
+    '"\\101" == "A"',
+    'r"\\d" == "\\\\d"',
+    'r"x\\"y" == ""',
+    "r'\\'z' == ''",
+    'r"""a\\"""" == "a"',
+    'rb"\\x41" == b"\\\\x41"',
+    'br"\\n".size() == 2',
+)
+
 CLASSES: Final[dict[str, tuple[str, ...]]] = {
     "edge-bind": BIND,
     "edge-numbers": NUMBERS,
     "edge-conversions": CONVERSIONS,
     "edge-has": HAS,
     "edge-format": FORMAT,
+    "edge-compile": COMPILE,
 }
 
 
