@@ -316,8 +316,8 @@ class Compiler:
                 key = kf(a)
                 if isinstance(key, float) or not isinstance(key, int | str):
                     raise EvalError(f"unsupported map key type: {type_name(key)}")
-                if not is_missing(map_get(out, key)):
-                    raise EvalError(f"Failed with repeated key: {key}")
+                if not is_missing(map_get(out, key)):  # a repeated key: the last entry wins, as in cel-go's literal
+                    del out[next(k for k in out if type(k) is type(key) and k == key)]
                 if key in out:  # Python conflates true and 1 as dict keys; CEL does not
                     raise EvalError("unsupported map literal: bool and numeric keys that Python cannot tell apart")
                 value = vf(a)

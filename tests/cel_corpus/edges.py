@@ -370,6 +370,18 @@ COMPILE: Final[tuple[str, ...]] = (
     'br"\\n".size() == 2',
 )
 
+# A key repeated in a map literal: the last entry wins (cel-go builds the map entry by entry), an optional entry
+# that is none included.
+MAP_KEYS: Final[tuple[str, ...]] = (
+    '{"k": 1, "k": 2}["k"] == 2',
+    '{"k": 1, "j": 0, "k": 3} == {"j": 0, "k": 3}',
+    "{7: 'a', 7: 'b'}.size() == 1",
+    "{true: 1, true: 2}[true] == 2",
+    '{"x": 1, ?"x": optional.none()}["x"] == 1',
+    '{"x": 1, ?"x": optional.of(5)}["x"] == 5',
+    "{device.driver: 1, device.driver: 2}.size() == 1",
+)
+
 CLASSES: Final[dict[str, tuple[str, ...]]] = {
     "edge-bind": BIND,
     "edge-numbers": NUMBERS,
@@ -377,6 +389,7 @@ CLASSES: Final[dict[str, tuple[str, ...]]] = {
     "edge-has": HAS,
     "edge-format": FORMAT,
     "edge-compile": COMPILE,
+    "edge-map-keys": MAP_KEYS,
 }
 
 
