@@ -65,6 +65,20 @@ def _underscores_ok(text: str) -> bool:
     return saw != "_"
 
 
+def scalar_text(value: object) -> str | None:
+    """How cel-go writes a bool, int, uint, double or string as text (its string() conversion, and the formatter's
+    `%s` of them); None for any other value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return format_double(value)
+    if isinstance(value, str):
+        return value
+    return None
+
+
 def format_double(value: float) -> str:
     """Go's `%g` (strconv.FormatFloat(v, 'g', -1, 64)), which cel-go's string(double) uses: the shortest digits
     that round-trip, in exponent form when the decimal exponent is below -4 or at least 6."""

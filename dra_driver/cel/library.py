@@ -17,7 +17,7 @@ from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
-from dra_driver.cel.goconv import format_double, parse_float, parse_int, parse_uint
+from dra_driver.cel.goconv import parse_float, parse_int, parse_uint, scalar_text
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
 from dra_driver.cel.semver import Semver, parse_semver
@@ -345,14 +345,9 @@ def _from_string(value: _N | None, kind: str) -> _N:
 
 @register("string", False, 1, STRING)
 def _to_string(act: Activation, a: Any) -> str:
-    if isinstance(a, bool):
-        return "true" if a else "false"
-    if isinstance(a, int):
-        return str(int(a))
-    if isinstance(a, float):
-        return format_double(a)
-    if isinstance(a, str):
-        return a
+    text = scalar_text(a)
+    if text is not None:
+        return text
     if isinstance(a, bytes):
         try:
             return a.decode("utf-8")

@@ -12,7 +12,7 @@ from typing import Any, Final
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.table import go_quote
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
-from dra_driver.cel.goconv import format_double
+from dra_driver.cel.goconv import format_double, scalar_text
 from dra_driver.cel.values import CelType, UInt, type_name
 
 STRING_CLAUSE: Final = (
@@ -31,14 +31,9 @@ def format_string(arg: Any) -> str:
         return _format_map(arg)
     if arg is None:
         return "null"
-    if isinstance(arg, bool):
-        return "true" if arg else "false"
-    if isinstance(arg, int):
-        return str(int(arg))
-    if isinstance(arg, float):
-        return format_double(arg)
-    if isinstance(arg, str):
-        return arg
+    text = scalar_text(arg)
+    if text is not None:
+        return text
     if isinstance(arg, bytes):
         return _bytes_text(arg)
     if isinstance(arg, Duration | Timestamp):
