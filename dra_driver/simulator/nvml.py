@@ -56,6 +56,7 @@ from dra_driver.simulator.structs import (
     nvmlGpuInstanceProfileInfo_v3,
 )
 from dra_driver.simulator.sysfs import write_fake_sysfs
+from dra_driver.simulator.tools.state import process_start_time
 
 _UUID_NAMESPACE = uuid.UUID("6f1c6d3e-6a43-4d39-9a4c-5b0b8d7f3a10")
 
@@ -75,24 +76,6 @@ _RECOVERY_SEVERITY = {
         )
     )
 }
-
-
-def _target(out: Any) -> Any:
-    """The structure an out-parameter refers to: given as itself, by `byref()` or as a pointer."""
-    if hasattr(out, "_obj"):
-        return out._obj
-    if hasattr(out, "contents"):
-        return out.contents
-    return out
-
-
-def _start_time(pid: int) -> int | None:
-    """A live process's start time (/proc/<pid>/stat field 22), None when there is no such (live) process."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 # Handle address layout: kind | gpu index | GPU instance id | compute instance id.
@@ -488,7 +471,7 @@ class SimulatedNvml:
         self._gpu(handle)
         if not self.spec.nvlink_fabric:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        target = _target(info)
+        target = _deref(info)
         fabric = self._fabric()
         target.clusterUuid = (ctypes.c_ubyte * 16)(*uuid.UUID(fabric.cluster_uuid).bytes)
         target.status = pynvml.NVML_SUCCESS
@@ -503,7 +486,7 @@ class SimulatedNvml:
     # ----- processes holding a GPU, and its recovery action ---------------------------------------------
     def attach_process(self, index: int, pid: int) -> None:
         """Process `pid` now holds GPU `index` (it created a CUDA context there), until it exits."""
-        start = _start_time(pid)
+        start = process_start_time(pid)
         if start is None:
             raise ProcessLookupError(pid)
         with self._mutate(index) as gpu:
@@ -512,7 +495,7 @@ class SimulatedNvml:
     def busy(self, index: int) -> list[int]:
         """The live processes holding GPU `index` (an exited one, or one whose pid was reused, holds nothing)."""
         gpu = self.store.read().gpus[index]
-        return [p.pid for p in gpu.processes if _start_time(p.pid) == p.start_time]
+        return [p.pid for p in gpu.processes if process_start_time(p.pid) == p.start_time]
 
     @cached_property
     def recovery_supported(self) -> bool:

@@ -38,11 +38,17 @@ def is_daemon(pid: int) -> bool:
 
 def pid_alive(pid: int) -> bool:
     """Whether `pid` is a process that has not exited (a zombie waiting to be reaped has)."""
+    return process_start_time(pid) is not None
+
+
+def process_start_time(pid: int) -> int | None:
+    """A live process's start time (/proc/<pid>/stat field 22: with the pid, what tells it from a later process
+    that got the same pid); None when there is no such process, or it has exited (a zombie)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 class SharingState:
