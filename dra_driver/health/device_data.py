@@ -20,6 +20,7 @@ from typing import Any
 import pynvml
 
 from dra_driver.claimstate.checkpoint import CheckpointedDevice, ClaimEntry, MpsRecord, TimeSlicingRecord
+from dra_driver.health.claim_status import DeviceData
 from dra_driver.nvml.api import NvmlLibrary, describe
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.plugin.catalog import CatalogEntry
@@ -32,7 +33,6 @@ COMPUTE_MODE_NAMES = {
     pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "Exclusive_Process",
     pynvml.NVML_COMPUTEMODE_PROHIBITED: "Prohibited",
 }
-DeviceData = Callable[[ClaimEntry, CheckpointedDevice], dict[str, Any] | None]
 
 
 def device_data_source(

@@ -291,11 +291,7 @@ class HealthMonitor:
         self._changed()
 
     def _event(self, event_type: str, reason: str, message: str) -> None:
-        if self.on_event is not None:
-            try:
-                self.on_event(event_type, reason, message)
-            except Exception:
-                log.exception("health: on_event failed")
+        _hook("on_event", self.on_event, event_type, reason, message)
 
     def _count_xid(self, gpu: GpuInfo | None, gpu_uuid: str, xid: int, gi_id: int, ci_id: int) -> None:
         if self.on_xid is None:
@@ -303,10 +299,7 @@ class HealthMonitor:
         uuid = gpu_uuid
         if gpu is not None and gi_id != GPU_LEVEL:
             uuid = self._mig_uuid(gpu, gi_id, ci_id) or gpu_uuid
-        try:
-            self.on_xid(uuid, xid)
-        except Exception:
-            log.exception("health: on_xid failed")
+        _hook("on_xid", self.on_xid, uuid, xid)
 
     def _carved(self, gpu: GpuInfo, gi_id: int, ci_id: int) -> Any:
         """The checkpoint's prepared device whose live MIG instance has these ids (CI GPU_LEVEL: any), or None."""
@@ -383,11 +376,7 @@ class HealthMonitor:
         self._changed()
 
     def _changed(self) -> None:
-        if self.on_change is not None:
-            try:
-                self.on_change()
-            except Exception:
-                log.exception("health: on_change failed")
+        _hook("on_change", self.on_change)
 
     def _set_lost(self, gpu: GpuInfo, lost: bool) -> None:
         with self._lock:
@@ -543,3 +532,13 @@ class HealthMonitor:
 
 def _action(action: int) -> tuple[str, Effect | None]:
     return RECOVERY_ACTIONS.get(action, UNKNOWN_ACTION)
+
+
+def _hook(name: str, hook: Callable[..., None] | None, *args: Any) -> None:
+    """Call one of the monitor's hooks: its failure is logged, never the monitor's."""
+    if hook is None:
+        return
+    try:
+        hook(*args)
+    except Exception:
+        log.exception("health: %s failed", name)
