@@ -20,11 +20,10 @@ OTHER_DRIVER = "nic.example.com"
 NS = "diff"
 CLASSES = ("any", "big", "h100", "shared", "nic")
 TAINT_KEYS = ("maintenance", "xid", "degraded")
-GI = 1024**3
 
 
-def _q(gib: int | float) -> str:
-    return f"{int(gib * 1024)}Mi" if gib != int(gib) else f"{int(gib)}Gi"
+def _q(gib: int) -> str:
+    return f"{gib}Gi"
 
 
 def classes() -> list[dict[str, Any]]:
@@ -263,5 +262,5 @@ def _slice(name: str, pool: str, spec: dict[str, Any], count: int, driver: str =
     }
 
 
-def _gib(q: str) -> float:
-    return float(q[:-2]) / (1024 if q.endswith("Mi") else 1)
+def _gib(q: str) -> int:
+    return int(q.removesuffix("Gi"))
