@@ -126,3 +126,26 @@ def test_the_keeper_never_recreates_a_removed_work_dir(tmp_path: Path) -> None:
     time.sleep(0.3)
     logs.stop()
     assert not work.exists()
+
+
+def test_a_previous_releases_pod_still_on_the_node_is_not_this_releases(tmp_path: Path) -> None:
+    """The node is shared by test modules: a driver pod of the module before may still be terminating (its log
+    directory still there) when the next module installs. Its lines are not this release's (CI found a previous
+    module's injected XID reported as a problem of the next)."""
+    logs, pod_logs, _ = setup(tmp_path)
+    old = pod_logs / "drv_driver-old_uid0" / "plugin"
+    old.mkdir(parents=True)
+    with (old / "0.log").open("a") as writer:
+        writer.write(jline("WARNING", "the previous module's fault"))
+        writer.flush()
+        logs.start()
+        new = pod_logs / "drv_driver-new_uid1" / "plugin"
+        new.mkdir(parents=True)
+        (new / "0.log").write_text(jline("INFO", "this release"))
+        writer.write(jline("WARNING", "still the previous module's pod"))
+        time.sleep(0.3)
+    logs.stop()
+    assert logs.driver_lines() == [
+        'drv_driver-new_uid1/plugin: {"time": "t", "level": "INFO", "logger": "dra_driver.x", "msg": "this release"}'
+    ]
+    assert logs.problems() == []

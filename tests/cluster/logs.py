@@ -3,8 +3,9 @@
 The kubelet deletes a pod's log directory with the pod (a driver pod replaced in a rolling update, restarted or
 uninstalled), so `DriverLogs` hard-links each container log file of the release's namespace into a directory of its
 own as soon as it appears: the link keeps the file, and everything the container writes to it later, after the
-kubelet has unlinked its name. The kubelet's own log is one file for the node's life: the lines after the offset at
-the start are this release's.
+kubelet has unlinked its name. Pods already there at the start are a previous release's, still terminating: not
+kept. The kubelet's own log is one file for the node's life: the lines after the offset at the start are this
+release's.
 
 A problem is a line of the plugin container at level WARNING or above or that is not one of its JSON lines (a bare
 traceback, a library writing to stderr); a line of another container of the release (an MPS control daemon, which
@@ -64,11 +65,15 @@ class DriverLogs:
         self._expected: list[re.Pattern[str]] = list(KUBELET_ROUTINE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # pods of the namespace already on the node at the first start: a previous release's, still terminating
+        self._before: frozenset[str] | None = None
 
     def start(self) -> None:
         if self._thread is not None:
             return
         self._keep.mkdir(parents=True, exist_ok=True)
+        if self._before is None:
+            self._before = frozenset(self._namespace_pods())
         try:
             self._kubelet_offset = self._kubelet_log.stat().st_size
         except FileNotFoundError:
@@ -93,13 +98,18 @@ class DriverLogs:
         while not self._stop.wait(self._interval):
             self._link_new()
 
-    def _link_new(self) -> None:
+    def _namespace_pods(self) -> list[str]:
+        """The names of the pod log directories of the namespace (`<namespace>_<pod>_<uid>`)."""
         try:
-            pods = [d for d in os.scandir(self._pod_logs) if d.name.startswith(self._prefix)]
+            return [d.name for d in os.scandir(self._pod_logs) if d.name.startswith(self._prefix)]
         except FileNotFoundError:
-            return
-        for pod in pods:
-            for path in Path(pod.path).glob("*/*.log*"):
+            return []
+
+    def _link_new(self) -> None:
+        for pod in self._namespace_pods():
+            if self._before is not None and pod in self._before:
+                continue
+            for path in (self._pod_logs / pod).glob("*/*.log*"):
                 kept = self._keep / path.relative_to(self._pod_logs)
                 if kept.exists():
                     continue
