@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Build the test cluster's Kubernetes binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
-# and the real test node's kubelet) from the official Go modules pinned in tools/k8sbins/go.mod.
+# and the real test node's kubelet) from the official Go modules.
+#
+#   scripts/build-control-plane.sh [--check] [VERSION]
+#
+# Without VERSION: the primary version, pinned in tools/k8sbins/go.mod. With VERSION (e.g. v1.36.3): a version of the
+# matrix, pinned in tools/k8sbins/versions/VERSION/{go.mod,go.sum}; the mains (tools/k8sbins/cmd) are the same for
+# every version, copied beside that go.mod into the cache and built there.
 #
 # Everything lands outside the repository, keyed by version:
 #   ${DRA_K8S_CACHE:-$HOME/.cache/dra-driver/k8s}/<k8s-version>/bin/   the binaries
-#   ${DRA_K8S_CACHE:-...}/gomodcache, .../gocache                       Go's module and build caches
+#   ${DRA_K8S_CACHE:-...}/gomodcache, .../gocache                       Go's module and build caches (shared)
 # It is idempotent: when every binary exists and the stamp file matches the version and a hash of the
 # sources (go.mod, go.sum, the mains, this script, the Go version), it does nothing.
 # The last line on stdout is always the bin directory; everything else goes to stderr.
@@ -17,8 +23,25 @@
 #   GO                     the go command (default: `go` on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
+check=0
+if [[ "${1:-}" == --check ]]; then
+    check=1
+    shift
+fi
+wanted_version="${1:-}"
+
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-module_dir="$repo_root/tools/k8sbins"
+primary_dir="$repo_root/tools/k8sbins"
+if [[ -z "$wanted_version" ]]; then
+    pins_dir="$primary_dir"
+else
+    pins_dir="$primary_dir/versions/$wanted_version"
+    if [[ ! -f "$pins_dir/go.mod" ]]; then
+        printf 'build-control-plane: no pins for %s (tools/k8sbins/versions/: %s)\n' "$wanted_version" \
+            "$(ls "$primary_dir/versions" 2>/dev/null | tr '\n' ' ')" >&2
+        exit 2
+    fi
+fi
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
 log() { printf '%s\n' "build-control-plane: $*" >&2; }
@@ -35,9 +58,9 @@ if [[ -z "$go_cmd" ]]; then
     fi
 fi
 
-k8s_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$module_dir/go.mod")"
+k8s_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$pins_dir/go.mod")"
 if [[ ! "$k8s_version" =~ ^v([0-9]+)\.([0-9]+)\.([0-9]+)$ ]]; then
-    log "cannot read the k8s.io/kubernetes version from $module_dir/go.mod (got '$k8s_version')"
+    log "cannot read the k8s.io/kubernetes version from $pins_dir/go.mod (got '$k8s_version')"
     exit 1
 fi
 k8s_major="${BASH_REMATCH[1]}"
@@ -57,11 +80,11 @@ export CGO_ENABLED=0
 
 go_version="$("$go_cmd" env GOVERSION)"
 source_hash="$(
-    cd "$module_dir"
     {
         printf 'go=%s\n' "$go_version"
-        sha256sum go.mod go.sum "$repo_root/scripts/build-control-plane.sh"
-        find cmd -type f -name '*.go' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+        (cd "$pins_dir" && sha256sum go.mod go.sum)
+        sha256sum "$repo_root/scripts/build-control-plane.sh"
+        (cd "$primary_dir" && find cmd -type f -name '*.go' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
     } | sed "s#$repo_root/##" | sha256sum | cut -d' ' -f1
 )"
 wanted_stamp="$k8s_version $source_hash"
@@ -79,7 +102,7 @@ if [[ "${DRA_K8S_FORCE:-0}" != 1 ]] && up_to_date; then
     printf '%s\n' "$bin_dir"
     exit 0
 fi
-if [[ "${1:-}" == --check ]]; then
+if [[ "$check" == 1 ]]; then
     log "a build is needed ($k8s_version, $go_version)"
     printf '%s\n' "$bin_dir"
     exit 3
@@ -96,6 +119,16 @@ if command -v flock >/dev/null 2>&1; then
     fi
 fi
 
+if [[ "$pins_dir" == "$primary_dir" ]]; then
+    module_dir="$primary_dir"
+else
+    # a module of its own in the cache: these pins beside the shared mains
+    module_dir="$version_dir/module"
+    rm -rf "$module_dir"
+    mkdir -p "$module_dir"
+    cp "$pins_dir/go.mod" "$pins_dir/go.sum" "$module_dir/"
+    cp -r "$primary_dir/cmd" "$module_dir/cmd"
+fi
 cd "$module_dir"
 # Reproducible stamp: the release's commit time as recorded by the module proxy.
 build_date="$("$go_cmd" list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes)"

@@ -1,5 +1,6 @@
-"""The ResourceSlices we build are accepted, unchanged, by a real kube-apiserver (1.36, DRA gates on), and the
-server's validation is real: slices that break its rules are refused."""
+"""The ResourceSlices we build are accepted, unchanged, by a real kube-apiserver of each supported minor (the primary
+version with its DRA gates on, and each version of the matrix with its defaults), and the server's validation is
+real: slices that break its rules are refused."""
 
 from __future__ import annotations
 
@@ -15,16 +16,31 @@ from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, matrix_versions
 
 NODE = "slice-test-node"
 
 
+@pytest.fixture(scope="module", params=[None, *matrix_versions()], ids=lambda v: v or "primary")
+def server(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """The primary version's API server (the session's), then one of each version of the matrix."""
+    if request.param is None:
+        yield control_plane
+        return
+    with ControlPlane(version=request.param) as cp:
+        yield cp
+
+
 @pytest.fixture(scope="module")
-def node(control_plane: ControlPlane) -> Iterator[tuple[str, str]]:
-    uid = control_plane.create_node(NODE, labels={"nvidia.com/gpu.present": "true"})
+def minor(server: ControlPlane) -> int:
+    return int(server.kubectl_json("version", "-o", "json")["serverVersion"]["minor"])
+
+
+@pytest.fixture(scope="module")
+def node(server: ControlPlane) -> Iterator[tuple[str, str]]:
+    uid = server.create_node(NODE, labels={"nvidia.com/gpu.present": "true"})
     yield NODE, uid
-    control_plane.delete_node(NODE)
+    server.delete_node(NODE)
 
 
 def _slices(
@@ -90,18 +106,28 @@ def _apply_and_compare(cp: ControlPlane, slices: list[dict[str, Any]], node: tup
 
 
 @pytest.mark.parametrize("mode", list(PublishMode), ids=str)
-@pytest.mark.parametrize("version", ["1.35", "1.36"])
+@pytest.mark.parametrize("behind", [0, 1], ids=["its-own-layout", "the-previous-minors"])
 @pytest.mark.parametrize("machine", machine_names())
 def test_server_accepts_our_slices(
-    control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path, machine: str, version: str, mode: PublishMode
+    server: ControlPlane,
+    minor: int,
+    node: tuple[str, str],
+    tmp_path: Path,
+    machine: str,
+    behind: int,
+    mode: PublishMode,
 ) -> None:
+    """What the driver publishes for the server's minor, and for the minor before (a driver configured for an older
+    control plane during an upgrade)."""
+    version = f"1.{minor - behind}"
     slices = [s.to_api() for s in _slices(machine, tmp_path, node, version, mode)]
-    _apply_and_compare(control_plane, slices, node, f"{machine}/{version}/{mode}")
+    _apply_and_compare(server, slices, node, f"{machine}/{version}/{mode}")
 
 
 @pytest.mark.parametrize("effect", ["NoSchedule", "NoExecute", "None"])
 def test_server_keeps_device_taints(
-    control_plane: ControlPlane,
+    server: ControlPlane,
+    minor: int,
     node: tuple[str, str],
     tmp_path: Path,
     effect: Literal["None", "NoSchedule", "NoExecute"],
@@ -109,8 +135,8 @@ def test_server_keeps_device_taints(
     sim = SimulatedNvml("dgx-h200", tmp_path / "sim")
     inventory = discover(sim, sim.sysfs_root)
     taints = {"gpu-0": [DeviceTaint(key="example.com/unhealthy", value="xid-79", effect=effect)]}
-    slices = build_slices(inventory, node_name=node[0], node_uid=node[1], k8s_version="1.36", taints=taints)
-    _apply_and_compare(control_plane, [s.to_api() for s in slices], node, f"a {effect} taint")
+    slices = build_slices(inventory, node_name=node[0], node_uid=node[1], k8s_version=minor, taints=taints)
+    _apply_and_compare(server, [s.to_api() for s in slices], node, f"a {effect} taint")
 
 
 def _partitionable_h200(tmp_path: Path, node: tuple[str, str], version: str) -> list[dict[str, Any]]:
@@ -126,36 +152,36 @@ def _create(cp: ControlPlane, obj: dict[str, Any]) -> str:
 
 
 def test_server_rejects_65_devices_with_counters(
-    control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path
+    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
 ) -> None:
-    slices = _partitionable_h200(tmp_path, node, "1.36")
+    slices = _partitionable_h200(tmp_path, node, f"1.{minor}")
     devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
     assert len(devices) >= 65
     bad = slices[1]
     bad["metadata"]["name"] = "too-many-devices"
     bad["spec"]["devices"] = devices[:65]
-    err = _create(control_plane, bad)
+    err = _create(server, bad)
     assert "spec.devices: Too many: 65: must have at most 64 items" in err, err
 
 
 def test_server_accepts_64_devices_with_counters(
-    control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path
+    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
 ) -> None:
     """The control for the test above: the same slice one device shorter is fine."""
-    slices = _partitionable_h200(tmp_path, node, "1.36")
+    slices = _partitionable_h200(tmp_path, node, f"1.{minor}")
     devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
     ok = slices[1]
     ok["metadata"]["name"] = "just-enough-devices"
     ok["spec"]["devices"] = devices[:64]
     try:
-        control_plane.kubectl("create", "-f", "-", input=json.dumps(ok))
+        server.kubectl("create", "-f", "-", input=json.dumps(ok))
     finally:
-        _delete_slices(control_plane, node[0])
+        _delete_slices(server, node[0])
 
 
-def test_server_rejects_the_1_34_layout(control_plane: ControlPlane, node: tuple[str, str], tmp_path: Path) -> None:
+def test_server_rejects_the_1_34_layout(server: ControlPlane, node: tuple[str, str], tmp_path: Path) -> None:
     """1.34 kept a GPU's counter set and devices in one slice; from 1.35 a slice may hold only one of them."""
     slices = _partitionable_h200(tmp_path, node, "1.34")
     assert slices[0]["spec"].get("sharedCounters") and slices[0]["spec"].get("devices")
-    err = _create(control_plane, slices[0])
+    err = _create(server, slices[0])
     assert "only one of `sharedCounters` or `devices` is allowed" in err, err

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO, cast
 
 from pydantic import ValidationError
 
-from dra_driver.api import GROUP, TAINT_RULE_VERSION, VERSION
+from dra_driver.api import GROUP, TAINT_RULE_VERSIONS, VERSION
 from dra_driver.cel.cli import GATES, parse_gates
 from dra_driver.cel.features import active, configure
 
@@ -134,12 +134,14 @@ def _from_cluster(kubeconfig: str) -> _Cluster:
         return list(listed["items"])
 
     claims = sorted(items("resourceclaims"), key=lambda c: c["metadata"].get("creationTimestamp", ""))
-    try:
-        rules = items("devicetaintrules", TAINT_RULE_VERSION)
-    except ApiException as err:
-        if err.status != 404:
-            raise
-        rules = []  # the API is off (its default in 1.36), and with it the scheduler's use of the rules
+    rules: list[dict[str, Any]] = []  # no version served: the API is off (1.36's default), so is the scheduler's use
+    for version in TAINT_RULE_VERSIONS:
+        try:
+            rules = items("devicetaintrules", version)
+            break
+        except ApiException as err:
+            if err.status != 404:
+                raise
     return _Cluster(items("resourceslices"), items("deviceclasses"), claims, rules)
 
 

@@ -14,4 +14,5 @@ from typing import Final
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
 API_VERSION: Final = "resource.k8s.io/v1"
-TAINT_RULE_VERSION: Final = "v1beta2"  # DeviceTaintRules: beta (off by default) in 1.36, not yet in v1
+# DeviceTaintRules: GA in 1.37 (resource.k8s.io/v1); beta and off by default in 1.36 (v1beta2 only): newest first
+TAINT_RULE_VERSIONS: Final = (VERSION, "v1beta2")

@@ -30,11 +30,13 @@ from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
+PINS_DIR = REPO_ROOT / "tools" / "k8sbins" / "versions"  # the matrix's versions, one go.mod each
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
-# 1.36: DRAPartitionableDevices, DRAConsumableCapacity and DRADeviceTaints are beta and on by default; set them
-# explicitly so the cluster does not silently change if the pin moves. DRADeviceTaintRules is beta but off
-# ("depends on an off-by-default beta API"): it needs resource.k8s.io/v1beta2 for DeviceTaintRule objects.
+# The primary version's cluster (1.37): DRAPartitionableDevices and DRAConsumableCapacity are beta and on by default,
+# DRADeviceTaints and DRADeviceTaintRules GA; set them explicitly so the cluster does not silently change if the pin
+# moves. resource.k8s.io/v1beta2 stays served for the tests that read what 1.36 clients write. A version of the
+# matrix runs with its own defaults, as its users run it (`ControlPlane(version=...)`).
 DEFAULT_FEATURE_GATES: dict[str, bool] = {
     "DRAPartitionableDevices": True,
     "DRAConsumableCapacity": True,
@@ -68,17 +70,27 @@ class KubectlError(subprocess.CalledProcessError):
         return f"{super().__str__()}\nstderr: {(self.stderr or '').strip()}"
 
 
-def ensure_binaries(*, build_script: Path = BUILD_SCRIPT, env: Mapping[str, str] | None = None) -> Path:
-    """The directory holding the five binaries, building them first if needed (seconds when cached).
+def matrix_versions() -> list[str]:
+    """The Kubernetes versions of the matrix besides the primary one (tools/k8sbins/versions/), oldest first."""
+    found = [d.name for d in PINS_DIR.glob("v*") if (d / "go.mod").is_file()]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.lstrip("v").split(".")))
 
-    DRA_K8S_BIN_DIR points at prebuilt binaries instead (nothing is built then).
+
+def ensure_binaries(
+    version: str | None = None, *, build_script: Path = BUILD_SCRIPT, env: Mapping[str, str] | None = None
+) -> Path:
+    """The directory holding the binaries of the primary Kubernetes version (or `version` of the matrix), building
+    them first if needed (seconds when cached).
+
+    DRA_K8S_BIN_DIR points at prebuilt binaries of the primary version instead (nothing is built then).
     """
     environ = dict(os.environ if env is None else env)
-    prebuilt = environ.get("DRA_K8S_BIN_DIR")
+    prebuilt = environ.get("DRA_K8S_BIN_DIR") if version is None else None
     if prebuilt:
         bin_dir = Path(prebuilt)
     else:
-        proc = subprocess.run(["bash", str(build_script)], env=environ, capture_output=True, text=True)
+        cmd = ["bash", str(build_script), *([version] if version else [])]
+        proc = subprocess.run(cmd, env=environ, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ControlPlaneError(f"{build_script} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
         lines = proc.stdout.strip().splitlines()
@@ -113,8 +125,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _gates(gates: Mapping[str, bool]) -> str:
-    return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+def _flag(name: str, gates: Mapping[str, bool]) -> list[str]:
+    """`name=Key=true,...`, or no flag at all for no gates (the version's defaults)."""
+    return [f"{name}=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))] if gates else []
 
 
 def _die_with_parent() -> None:
@@ -253,11 +266,14 @@ class ControlPlane:
         keep_work_dir: bool = False,
         start_timeout: float = 120.0,
         service_accounts: bool = False,
+        version: str | None = None,
     ) -> None:
+        self.version = version  # None: the primary version; else one of matrix_versions()
         self._bin_dir = bin_dir
         self._requested_work_dir = work_dir
-        self.feature_gates = {**DEFAULT_FEATURE_GATES, **(feature_gates or {})}
-        self.runtime_config = {**DEFAULT_RUNTIME_CONFIG, **(runtime_config or {})}
+        gates, apis = (DEFAULT_FEATURE_GATES, DEFAULT_RUNTIME_CONFIG) if version is None else ({}, {})
+        self.feature_gates = {**gates, **(feature_gates or {})}
+        self.runtime_config = {**apis, **(runtime_config or {})}
         self.controllers = tuple(controllers)
         self.keep_work_dir = keep_work_dir or os.environ.get("DRA_K8S_KEEP") == "1"
         self.start_timeout = start_timeout
@@ -280,7 +296,7 @@ class ControlPlane:
     @property
     def bin_dir(self) -> Path:
         if self._bin_dir is None:
-            self._bin_dir = ensure_binaries()
+            self._bin_dir = ensure_binaries(self.version)
         return self._bin_dir
 
     @property
@@ -508,8 +524,8 @@ class ControlPlane:
             f"--kubelet-client-key={pki.client_key}",
             "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
-            f"--feature-gates={_gates(self.feature_gates)}",
-            f"--runtime-config={_gates(self.runtime_config)}",
+            *_flag("--feature-gates", self.feature_gates),
+            *_flag("--runtime-config", self.runtime_config),
         ])  # fmt: skip
         self.wait_http(apiserver, f"{self.server}/readyz", deadline)
         self._kubeconfig = self._write_kubeconfig(work / "admin.kubeconfig", pki)
@@ -523,7 +539,7 @@ class ControlPlane:
             f"--authorization-kubeconfig={kubeconfig}",
             "--authentication-skip-lookup=true",  # no front-proxy CA to look up in kube-system
             "--bind-address=127.0.0.1",
-            f"--feature-gates={_gates(self.feature_gates)}",
+            *_flag("--feature-gates", self.feature_gates),
         ]
         kcm_port = free_port()
         kcm = self.spawn("kube-controller-manager", bin_dir / "kube-controller-manager", [

@@ -106,16 +106,7 @@ class SharedNode:
         if self.node is not None and not self._usable(self.node):
             self.stop()
         if self.node is None:
-            cp = ControlPlane(bin_dir=bin_dir, service_accounts=True, controllers=NODE_CONTROLLERS)
-            cp.start()
-            node = Node(cp, sandbox_image=images.PAUSE_IMAGE, images=[images.pause_image(), images.workload_image()])
-            try:
-                node.start()
-            except BaseException:
-                node.stop()
-                cp.stop()
-                raise
-            self.node = node
+            self.node = start_node(ControlPlane(bin_dir=bin_dir, service_accounts=True, controllers=NODE_CONTROLLERS))
         return self.node
 
     @staticmethod
@@ -141,13 +132,30 @@ class SharedNode:
     def stop(self) -> None:
         node, self.node = self.node, None
         if node is not None:
-            try:
-                node.stop()
-            finally:
-                node.cp.stop()
+            stop_node(node)
 
 
 _shared_node = SharedNode()
+
+
+def start_node(cp: ControlPlane) -> Node:
+    """Start `cp` and a real node joined to it (the sandbox and test-workload images imported); both stop together
+    (`stop_node`)."""
+    cp.start()
+    node = Node(cp, sandbox_image=images.PAUSE_IMAGE, images=[images.pause_image(), images.workload_image()])
+    try:
+        node.start()
+    except BaseException:
+        stop_node(node)
+        raise
+    return node
+
+
+def stop_node(node: Node) -> None:
+    try:
+        node.stop()
+    finally:
+        node.cp.stop()
 
 
 NODE_FIXTURES = ("real_node", "no_shared_node", "node_binaries")

@@ -1,0 +1,101 @@
+"""The version matrix: every supported Kubernetes minor besides the primary one (tools/k8sbins/versions/: the latest
+patch of each that the Go module proxy serves, built by `scripts/build-control-plane.sh VERSION`), each run as its
+users run it: a control plane and a real node of that version with its default feature gates, the driver installed
+by its chart, and the smoke set: the slices the driver publishes for that version stored as published, a whole GPU,
+a MIG partition, a claim shared by two pods, and a kubelet restart that running pods outlive with their devices.
+The primary version runs the full suite.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dra_driver.nvml.discovery import discover
+from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.slices.builder import PublishMode, build_slices
+from tests.cluster.controlplane import ControlPlane, matrix_versions
+from tests.cluster.driver import DRIVER_NAME as D
+from tests.cluster.fixtures import SharedNode, start_node, stop_node
+from tests.cluster.node import NODE_CONTROLLERS
+from tests.test_apiserver_accepts_slices import _differences
+from tests.test_real_node_life import delete_and_check_clean
+from tests.test_real_pods import GPU, SHARED, Cluster, claim, deployed, mig, pod, req, template, time_slice
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module", params=matrix_versions())
+def versioned(request: pytest.FixtureRequest, node_binaries: Any, shared_node: SharedNode) -> Iterator[Cluster]:
+    shared_node.stop()  # one node on the host at a time
+    cp = ControlPlane(version=request.param, service_accounts=True, controllers=NODE_CONTROLLERS)
+    node = start_node(cp)
+    try:
+        with deployed(node) as c:
+            yield c
+    finally:
+        stop_node(node)
+
+
+def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in items}
+
+
+def test_the_server_stores_the_slices_as_the_driver_published_them_for_its_version(versioned: Cluster) -> None:
+    release = versioned.release
+    server = versioned.cp.kubectl_json("version", "-o", "json")["serverVersion"]["gitVersion"]
+    assert server == versioned.cp.version
+    sim = SimulatedNvml(release.machine, release.sim_state / release.machine)
+    built = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name=versioned.node.name,
+                                              k8s_version=server, mode=PublishMode(release.mode))]  # fmt: skip
+    stored = release.slices()
+    assert len(stored) == len(built)
+
+    def pooled(slices: list[dict[str, Any]], field: str) -> dict[str, dict[str, Any]]:
+        return by_name([item for s in slices for item in s["spec"].get(field) or []])
+
+    for field in ("devices", "sharedCounters"):
+        ours, theirs = pooled(built, field), pooled(stored, field)
+        assert sorted(ours) == sorted(theirs), field
+        assert [d for name in ours for d in _differences(ours[name], theirs[name], f"{field}[{name}]")] == []
+
+
+def test_a_whole_gpu_a_mig_partition_and_a_shared_claim(versioned: Cluster) -> None:
+    versioned.apply(
+        template("one-gpu", req("gpu", GPU)),
+        template("one-1g", req("gpu", mig("1g.10gb"))),
+        claim("timesliced", req("gpu", SHARED), config=time_slice("Long")),
+    )
+    pods = [pod("whole", template_name="one-gpu"), pod("small", template_name="one-1g")]
+    pods += [pod(f"ts-{i}", claim_name="timesliced") for i in range(2)]
+    versioned.apply(*pods)
+    for p in pods:
+        versioned.wait_running(p["metadata"]["name"])
+        versioned.check_sees_its_devices(p["metadata"]["name"])
+    assert len(versioned.mig_instances()) == 1
+    assert versioned.expected("ts-0")[2] == versioned.expected("ts-1")[2]
+    delete_and_check_clean(versioned, "whole", "small", "ts-0", "ts-1")
+    versioned.cp.kubectl("delete", "resourceclaim", "timesliced", "-n", "e2e", "--wait=true")
+
+
+def test_running_pods_outlive_a_kubelet_restart_with_their_devices(versioned: Cluster) -> None:
+    versioned.apply(pod("before-restart", template_name="one-1g"))
+    before = versioned.wait_running("before-restart")
+    registered = versioned.release.registrations()
+    versioned.node.restart_kubelet()
+    versioned.release.wait_registered(time.monotonic() + 60, registrations=registered + 1)
+    after = versioned.cp.kubectl_json("get", "pod", "before-restart", "-n", "e2e")
+    assert after["status"]["phase"] == "Running"
+    assert (
+        after["status"]["containerStatuses"][0]["containerID"]
+        == before["status"]["containerStatuses"][0]["containerID"]
+    )
+    versioned.apply(pod("after-restart", template_name="one-gpu"))
+    versioned.wait_running("after-restart")
+    versioned.check_sees_its_devices("after-restart")
+    assert {r["driver"] for c in versioned.claims_of("after-restart")
+            for r in c["status"]["allocation"]["devices"]["results"]} == {D}  # fmt: skip
+    delete_and_check_clean(versioned, "before-restart", "after-restart")
