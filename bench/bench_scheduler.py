@@ -13,8 +13,10 @@ for NVIDIA's device plugin (the scheduler creates the claim), side by side on th
 With --numa: pods with one claim of four whole GPUs, with and without `matchAttribute` on the GPUs' NUMA node
 (`numaNode`: a DGX H100 has four GPUs per NUMA node), two pods per node, on the static layout.
 
-Run: python bench/bench_scheduler.py [--quick | --extended | --numa] [--nodes N] [--pods-per-node K]. Prints one
-table.
+Each Kubernetes version (`--k8s`: the primary one and each of the matrix by default) in control planes of its own.
+
+Run: python bench/bench_scheduler.py [--quick | --extended | --numa | --layouts L,...] [--nodes N]
+[--pods-per-node K | --pods P] [--k8s primary,v1.36.3]. Prints one table.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.devices import PublishMode
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, matrix_versions
 from tests.test_allocbench import class_name, classes, fleet
 from tests.test_publisher import api_client
 
@@ -165,12 +167,14 @@ class Metrics:
         return out
 
 
-def run_layout(mode: PublishMode, workload: str, nodes: int, per_node: int, tmp: Path) -> dict[str, Any]:
+def run_layout(
+    mode: PublishMode, workload: str, nodes: int, pods: int, tmp: Path, version: str | None = None
+) -> dict[str, Any]:
     names, slices = fleet(nodes, tmp, mode)
 
     kinds = WORKLOADS[workload]
-    pods = nodes * per_node
-    with ControlPlane() as cp:
+    with ControlPlane(version=version) as cp:
+        server = cp.kubectl_json("version", "-o", "json")["serverVersion"]["gitVersion"]
         api = api_client(cp.kubeconfig)
         metrics = Metrics(cp)
         create_nodes(api, names)
@@ -202,9 +206,9 @@ def run_layout(mode: PublishMode, workload: str, nodes: int, per_node: int, tmp:
     for key in METRICS:
         d_sum, d_count = after[key][0] - before[key][0], after[key][1] - before[key][1]
         mean[key] = (1000 * d_sum / d_count if d_count else float("nan"), int(d_count))
-    return {"layout": mode.value, "workload": workload, "devices": devices, "slices": len(slices) // nodes,
-            "pods": pods, "bound": done, "seconds": elapsed, "create_s": created_s, "publish_s": publish_s,
-            "mean": mean}  # fmt: skip
+    return {"kubernetes": server, "layout": mode.value, "workload": workload, "devices": devices,
+            "slices": len(slices) // nodes, "pods": pods, "bound": done, "seconds": elapsed, "create_s": created_s,
+            "publish_s": publish_s, "mean": mean}  # fmt: skip
 
 
 def main() -> None:
@@ -212,6 +216,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 nodes, 1 pod per node, whole GPUs on two layouts")
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--pods-per-node", type=int, default=1)
+    parser.add_argument("--pods", type=int, help="this many pods in all instead (a slow layout on many nodes)")
+    parser.add_argument("--k8s", default=",".join(["primary", *matrix_versions()]),
+                        help="comma-separated Kubernetes versions: primary (tools/k8sbins/go.mod) and versions of "
+                             "the matrix (tools/k8sbins/versions/); default: all")  # fmt: skip
+    parser.add_argument("--layouts", help="comma-separated layouts (partitionable,static,gpus) for whole GPUs only")
     parser.add_argument("--extended", action="store_true",
                         help=f"whole GPUs asked for by a claim vs by {EXTENDED}, on the static and partitionable "
                              "layouts")  # fmt: skip
@@ -226,24 +235,30 @@ def main() -> None:
         cases = [(PublishMode.STATIC, FOUR), (PublishMode.STATIC, FOUR_NUMA)]
     elif args.extended:
         cases = [(m, w) for m in (PublishMode.STATIC, PublishMode.PARTITIONABLE) for w in ("whole GPUs", EXTENDED)]
+    elif args.layouts:
+        cases = [(PublishMode(m), "whole GPUs") for m in args.layouts.split(",")]
     elif not args.quick:
         cases = [(PublishMode.PARTITIONABLE, "whole GPUs"), (PublishMode.PARTITIONABLE, "MIG mix"),
                  (PublishMode.STATIC, "whole GPUs"), (PublishMode.GPUS, "whole GPUs")]  # fmt: skip
+    pods = args.pods or nodes * per_node
+    versions = [None if v == "primary" else v for v in args.k8s.split(",")]
     print(
-        f"{nodes} nodes (dgx-h100), {per_node} pod(s) per node, one claim per pod (made by the scheduler for "
-        f"{EXTENDED}); kube-scheduler v1.36.3"
+        f"{nodes} nodes (dgx-h100), {pods} pods, one claim per pod (made by the scheduler for {EXTENDED}), "
+        "each Kubernetes version and layout in a control plane of its own"
     )
-    print("| layout | workload | devices/node | slices/node | pods bound | seconds | pods/s | attempt ms (n) "
-          "| DRA PreFilter ms (n) | DRA Filter ms (n) | slices created in s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("| kubernetes | layout | workload | devices/node | slices/node | pods bound | seconds | pods/s "
+          "| attempt ms (n) | DRA PreFilter ms (n) | DRA Filter ms (n) | slices created in s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, workload in cases:  # a row as soon as it is measured: a layout takes minutes on a busy machine
-            r = run_layout(mode, workload, nodes, per_node, Path(tmp))
-            m = r["mean"]
-            print(f"| {r['layout']} | {r['workload']} | {r['devices']} | {r['slices']} | {r['bound']}/{r['pods']} "
-                  f"| {r['seconds']:.1f} | {r['bound'] / r['seconds']:.1f} | {m['attempt'][0]:.1f} ({m['attempt'][1]}) "
-                  f"| {m['prefilter'][0]:.2f} ({m['prefilter'][1]}) | {m['filter'][0]:.2f} ({m['filter'][1]}) "
-                  f"| {r['publish_s']:.1f} |", flush=True)  # fmt: skip
+        for version in versions:
+            for mode, workload in cases:  # a row as soon as it is measured: a layout takes minutes on a busy machine
+                r = run_layout(mode, workload, nodes, pods, Path(tmp), version)
+                m = r["mean"]
+                print(f"| {r['kubernetes']} | {r['layout']} | {r['workload']} | {r['devices']} | {r['slices']} "
+                      f"| {r['bound']}/{r['pods']} "
+                      f"| {r['seconds']:.1f} | {r['bound'] / r['seconds']:.1f} "
+                      f"| {m['attempt'][0]:.1f} ({m['attempt'][1]}) | {m['prefilter'][0]:.2f} ({m['prefilter'][1]}) "
+                      f"| {m['filter'][0]:.2f} ({m['filter'][1]}) | {r['publish_s']:.1f} |", flush=True)  # fmt: skip
     print(
         "attempt: scheduler_scheduling_attempt_duration_seconds{result=scheduled}, mean; DRA PreFilter/Filter: "
         "scheduler_plugin_execution_duration_seconds{plugin=DynamicResources}, mean of the sampled cycles"

@@ -99,6 +99,15 @@ def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_
             'E1204 00:00:02.0 1 remote_runtime.go:636] "ExecSync cmd from runtime service failed" err="rpc '
             'error: code = Canceled desc = context canceled" cmd=["dra-driver","probe","gpu.example.com"]\n'
         )
+        for gone in (  # kubelet 1.37: a probe started as containerd removed the stopped container
+            'failed to create exec \\"98f3db5b\\": container not created: not found',
+            "failed to load task: no running task found: not found",
+        ):
+            f.write(
+                'E1204 00:00:02.5 1 remote_runtime.go:724] "ExecSync cmd from runtime service failed" err="rpc '
+                f'error: code = NotFound desc = failed to exec in container: {gone}" containerID="536e" '
+                'cmd=["dra-driver","probe","--driver=gpu.example.com"]\n'
+            )
         f.write(
             'E1204 00:00:03.0 1 remote_runtime.go:636] "ExecSync cmd from runtime service failed" err="rpc '
             'error: code = DeadlineExceeded" cmd=["dra-driver","probe","--driver=gpu.example.com"]\n'

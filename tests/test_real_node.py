@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from tests.cluster import images
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, primary_version
 from tests.cluster.node import NODE_IP, Node
 from tests.polling import wait_until
 
@@ -44,7 +44,7 @@ def run_pod(cp: ControlPlane, pod: dict[str, Any], timeout: float = 60.0) -> dic
 def test_the_node_joins_ready_with_the_pinned_versions_and_its_own_address(real_node: Node) -> None:
     node = real_node.cp.kubectl_json("get", "node", real_node.name)
     info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == "v1.36.3"
+    assert info["kubeletVersion"] == primary_version()
     assert info["containerRuntimeVersion"] == "containerd://2.4.2"
     assert {"type": "InternalIP", "address": NODE_IP} in node["status"]["addresses"]
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")

@@ -70,6 +70,15 @@ class KubectlError(subprocess.CalledProcessError):
         return f"{super().__str__()}\nstderr: {(self.stderr or '').strip()}"
 
 
+def primary_version() -> str:
+    """The primary Kubernetes version, `v1.37.2`: the k8s.io/kubernetes pin of tools/k8sbins/go.mod."""
+    for line in (PINS_DIR.parent / "go.mod").read_text().splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "k8s.io/kubernetes" and words[1].startswith("v"):
+            return words[1]
+    raise ControlPlaneError("tools/k8sbins/go.mod pins no k8s.io/kubernetes version")
+
+
 def matrix_versions() -> list[str]:
     """The Kubernetes versions of the matrix besides the primary one (tools/k8sbins/versions/), oldest first."""
     found = [d.name for d in PINS_DIR.glob("v*") if (d / "go.mod").is_file()]
