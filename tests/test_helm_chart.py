@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_driver.slices.devices import DEFAULT_MODE
 from tests.cluster.controlplane import ControlPlane
 from tests.polling import wait_until
 
@@ -146,7 +147,7 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
         "--host-driver-root=/",
         "--node-name=$(NODE_NAME)",
         f"--driver={DEFAULT_DRIVER}",
-        "--mode=static",  # the chart's default (DEFAULT_MODE)
+        "--mode=partitionable",  # the chart's default on 1.37, helm's own version without a cluster
         f"--plugin-dir=/var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
         "--registry-dir=/var/lib/kubelet/plugins_registry",
         "--pod-uid=$(POD_UID)",
@@ -326,11 +327,16 @@ def test_node_configs_reach_the_daemon_with_the_rbac_they_need(helm: Helm, tmp_p
     assert "--node-config-label=example.com/gpu-config" in label
 
 
-def test_the_charts_default_mode_is_the_daemons() -> None:
-    """One default publish mode (dra_driver.slices.devices.DEFAULT_MODE), in the chart's values too."""
-    from dra_driver.slices.devices import DEFAULT_MODE
-
-    assert yaml.safe_load((CHART / "values.yaml").read_text())["mode"] == DEFAULT_MODE.value
+@pytest.mark.parametrize(
+    ("version", "mode"), [("1.34.0", DEFAULT_MODE.value), ("1.36.3", DEFAULT_MODE.value), ("1.37.0", "partitionable")]
+)
+def test_the_charts_default_mode_follows_the_clusters_version(helm: Helm, version: str, mode: str) -> None:
+    """Before 1.37 the daemon's default (static: partitionable devices cost the scheduler more with every node that
+    has them); from 1.37, MIG on demand. `k8sVersion` stands for the cluster's version; an explicit `mode` wins."""
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["mode"] == ""
+    for how in (("--kube-version", version), ("--set", f"k8sVersion={version}")):
+        assert f"--mode={mode}" in _plugin(_render(helm, *how))["c"]["args"], how
+    assert "--mode=gpus" in _plugin(_render(helm, "--kube-version", version, "--set", "mode=gpus"))["c"]["args"]
 
 
 def test_bad_values_fail_the_render(helm: Helm) -> None:
@@ -339,7 +345,7 @@ def test_bad_values_fail_the_render(helm: Helm) -> None:
         (("--set", "mode=all"), "mode must be partitionable, static, gpus or shared"),
         (("--set", "driverName=GPU_Driver"), "driverName must be a DNS subdomain"),
         (("--kube-version", "1.33.0"), "kubeVersion"),
-        (("--set", "replicas=4"), "replicas apply to mode shared only, not static"),
+        (("--set", "replicas=4"), "replicas apply to mode shared only, not partitionable"),
         (("--set", "mode=shared", "--set", "replicas=0"), "replicas must be a number from 1 to 1024 or unlimited"),
         (("--set", "mode=shared", "--set", "replicas=1025"), "replicas must be a number from 1 to 1024 or unlimited"),
     ):
@@ -611,6 +617,11 @@ def test_notes_say_how_to_taint_gpu_nodes(helm: Helm, control_plane: ControlPlan
     assert "kubectl taint node <gpu-node> gpu.dra-driver.dev/gpu=present:NoSchedule" in text
     assert "- {key: gpu.dra-driver.dev/gpu, operator: Exists, effect: NoSchedule}" in text
     assert "The DaemonSet tolerates that taint" in text and "Node labels are on" not in text
+    assert "WARNING" not in text  # the cluster is 1.37: partitionable by default, and cheap
+    costly = notes("--set", "mode=partitionable", "--set", "k8sVersion=1.36")
+    assert "WARNING: mode partitionable on Kubernetes 1.36" in costly
+    assert "gpu.dra-driver.dev/config=mig-on-demand" in costly
+    assert "WARNING" not in notes("--set", "k8sVersion=1.36")  # static by default there
     text = notes("--set", "driverName=gpu.example.com", "--set", "tolerateGpuTaint=false", *NODE_LABELS)
     assert "gpu.example.com/gpu=present:NoSchedule" in text and "tolerateGpuTaint is false" in text
     assert "Node labels are on: each GPU node gets gpu.example.com/gpu.product" in text

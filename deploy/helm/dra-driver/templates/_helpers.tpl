@@ -40,17 +40,36 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- trimPrefix "gpu." .Values.driverName -}}
 {{- end -}}
 
+{{/* The Kubernetes version the driver targets: k8sVersion, else the cluster's (helm install asks the API server). */}}
+{{- define "dra-driver.kubeVersion" -}}
+{{- .Values.k8sVersion | default .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+
+{{/* The publish mode: `mode`, else partitionable (MIG on demand) from Kubernetes 1.37, where it costs the scheduler
+what whole GPUs cost, and static before, where its cost grows with every partitionable node (docs/resourceslices.md;
+bench/bench_scheduler.py); static is also the daemon's own default (dra_driver.slices.devices.DEFAULT_MODE). */}}
+{{- define "dra-driver.mode" -}}
+{{- if .Values.mode -}}
+{{- .Values.mode -}}
+{{- else if semverCompare ">=1.37.0-0" (include "dra-driver.kubeVersion" .) -}}
+partitionable
+{{- else -}}
+static
+{{- end -}}
+{{- end -}}
+
 {{/* Fails the render on values the plugin would reject. */}}
 {{- define "dra-driver.validate" -}}
 {{- if not (has .Values.nvml.backend (list "real" "simulator")) -}}
 {{- fail (printf "nvml.backend must be real or simulator, not %q" .Values.nvml.backend) -}}
 {{- end -}}
-{{- if not (has .Values.mode (list "partitionable" "static" "gpus" "shared")) -}}
+{{- if not (has .Values.mode (list "" "partitionable" "static" "gpus" "shared")) -}}
 {{- fail (printf "mode must be partitionable, static, gpus or shared, not %q" .Values.mode) -}}
 {{- end -}}
 {{- $replicas := .Values.replicas | toString -}}
-{{- if and $replicas (ne .Values.mode "shared") -}}
-{{- fail (printf "replicas apply to mode shared only, not %s" .Values.mode) -}}
+{{- $mode := include "dra-driver.mode" . -}}
+{{- if and $replicas (ne $mode "shared") -}}
+{{- fail (printf "replicas apply to mode shared only, not %s" $mode) -}}
 {{- end -}}
 {{- if and $replicas (ne $replicas "unlimited") (or (not (regexMatch "^[1-9][0-9]{0,3}$" $replicas)) (gt (atoi $replicas) 1024)) -}}
 {{- fail (printf "replicas must be a number from 1 to 1024 or unlimited, not %q" $replicas) -}}
