@@ -218,3 +218,52 @@ def test_cli_runtime_error_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
     assert _cli(tmp_path, f'device.attributes["{DRIVER}"].nope == 1', DEVICE_FILE) == 2
     out = capsys.readouterr()
     assert out.out == "" and "no such key: nope" in out.err
+
+
+# -- type names, message literals and map keys (Kubernetes' answers; the differential checks them against Go) -------
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "type(optional.of(1)) == optional_type",
+        "type(duration('1s')) == google.protobuf.Duration",
+        "google.protobuf.Duration{seconds: 5, nanos: 1} == duration('5.000000001s')",
+        "google.protobuf.Duration{seconds: 9223372037} == duration('2562047h47m16.854775807s')",  # saturates
+        "google.protobuf.Timestamp{seconds: 253402300800}.getFullYear() == 10000",  # no range check
+        "google.protobuf.Int64Value{value: 1} == 1",
+        "optional.of(1).optFlatMap(x, optional.of(x + 1)).value() == 2",
+        "{dyn(1): 'a', dyn(1u): 'b', dyn(1.0): 'c', dyn(true): 'd'}.size() == 4",
+        "{dyn(1u): 'b'}[1] == 'b' && {dyn(1): 'a'}[1.0] == 'a'",
+        "{null: 1, null: 2}.size() == 1 && {[1]: 1, [1]: 2}.size() == 2",
+        "{1.5: 'a'}[1.5] == 'a'",
+    ],
+)
+def test_type_names_message_literals_and_map_keys_evaluate_as_in_kubernetes(expr: str) -> None:
+    assert compile_selector(expr).evaluate(gpu("u")) is True
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("google.protobuf.Duration{seconds: 1u} == duration('1s')", "expected type of field 'seconds' is 'int'"),
+        ("google.protobuf.Timestamp{foo: 1} == timestamp('1970-01-01T00:00:00Z')", "undefined field 'foo'"),
+        ("int{} == 0", "'int' is not a message type"),
+        ("google.protobuf.Int64Value == int", "reference to undefined type: google.protobuf.Int64Value"),
+        ("{null: 1}[null] == 1", "invalid qualifier type: types.Null"),
+    ],
+)
+def test_message_literals_and_type_names_cel_go_refuses(expr: str, message: str) -> None:
+    with pytest.raises(CelCompileError, match=message):
+        compile_selector(expr)
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("google.protobuf.Duration{nanos: 2147483648} == duration('0s')", "integer overflow"),
+        ("google.protobuf.Duration{seconds: dyn(1.0)} == duration('1s')", "field type conversion error"),
+        ("{bytes(device.driver): 1}.size() == 1", "hash of unhashable type types.Bytes"),
+    ],
+)
+def test_message_fields_and_map_keys_fail_at_evaluation(expr: str, message: str) -> None:
+    with pytest.raises(CelRuntimeError, match=message):
+        compile_selector(expr).evaluate(gpu("u"))

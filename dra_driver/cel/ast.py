@@ -54,6 +54,23 @@ class MapLit(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class Field(Node):
+    """One initializer of a message literal, at its colon (cel-go's position for the field's errors)."""
+
+    name: str
+    value: Node
+    optional: bool = False  # `{?name: v}`
+
+
+@dataclass(frozen=True, slots=True)
+class Struct(Node):
+    """A message literal `google.protobuf.Duration{seconds: 5}` (at its brace); the name as written, dots joined."""
+
+    type_name: str
+    fields: tuple[Field, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Has(Node):
     select: Select
 
@@ -89,6 +106,8 @@ def children(n: Node) -> list[Node]:
         return list(n.elements)
     if isinstance(n, MapLit):
         return [x for k, v, _ in n.entries for x in (k, v)]
+    if isinstance(n, Struct):
+        return [f.value for f in n.fields]
     if isinstance(n, Has):
         return [n.select.operand]
     if isinstance(n, Comprehension):

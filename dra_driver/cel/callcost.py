@@ -27,7 +27,7 @@ from dra_driver.cel.ext.net import CIDR, IP
 from dra_driver.cel.ext.urls import URL
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import Semver
-from dra_driver.cel.values import DomainMap, Optional, UInt
+from dra_driver.cel.values import DomainMap, NativeMap, Optional, UInt, key_of
 
 STRING_TRAVERSAL: Final = 0.1  # common.StringTraversalCostFactor
 REGEX_LENGTH: Final = 0.25  # common.RegexStringLengthCostFactor
@@ -72,7 +72,7 @@ def _traversal(value: Any) -> int:
     if isinstance(value, list):
         return sum(_traversal(item) for item in value)
     if isinstance(value, dict):
-        return sum(_traversal(k) + _traversal(v) for k, v in value.items())
+        return sum(_traversal(key_of(k)) + _traversal(v) for k, v in value.items())
     return 1
 
 
@@ -140,7 +140,7 @@ _NOMINAL: Final = frozenset(
     }
 )  # fmt: skip
 _UNIT_EQUALITY: Final = frozenset({Quantity, Semver, IP, CIDR, URL, NamedFormat})  # Kubernetes' types, compared in O(1)
-_LENGTH: Final = frozenset({str, bytes, list, dict, DomainMap})
+_LENGTH: Final = frozenset({str, bytes, list, dict, NativeMap, DomainMap})
 _SCALAR: Final = frozenset({int, float, bool, UInt, type(None)})
 
 

@@ -17,6 +17,7 @@ from dra_driver.cel.decls import Decl, declarations
 from dra_driver.cel.errors import CelCompileError, EvalError
 from dra_driver.cel.formatcheck import validate_format_calls
 from dra_driver.cel.library import REGISTRY
+from dra_driver.cel.messages import ENUM_VALUES, MESSAGES
 from dra_driver.cel.parser import format_error
 from dra_driver.cel.regex import regex_error
 from dra_driver.cel.types import BOOL, BYTES, DOUBLE, DYN, INT, NULL, QUANTITY, STRING, UINT, T, list_of, map_of
@@ -49,6 +50,7 @@ _TYPE_IDENTS: Final = {
         "list": list_of(DYN),
         "map": map_of(DYN, DYN),
         "type": T("type"),
+        "optional_type": T("optional_type"),  # the optional library's type (cel-go's Types(types.OptionalType))
     }.items()
 }
 
@@ -101,6 +103,9 @@ class Checker:
         # Call/Index node id → the function name resolved (qualified names folded in) and its matching overloads,
         # cel-go's reference map; a sortBy comprehension's entry is its `@sortByAssociatedKeys` call.
         self.resolved: dict[int, tuple[str, tuple[Decl, ...]]] = {}
+        # Ident/Select node id → what the name resolved to when not a variable: a type name (str), or an enum
+        # value (int); cel-go's reference map, which its planner turns into constants.
+        self.references: dict[int, str | int] = {}
         self._matched: tuple[Decl, ...] = ()
 
     def fail(self, node: ast.Node | int, message: str) -> CelCompileError:
@@ -131,11 +136,27 @@ class Checker:
         return _CONST[type(node.value)]
 
     def _ident(self, node: ast.Ident, scope: dict[str, T]) -> T:
-        if node.name in scope:
-            return scope[node.name]
-        if node.name in _TYPE_IDENTS:
-            return _TYPE_IDENTS[node.name]
-        raise self.fail(node, f"undeclared reference to '{node.name}' (in container '')")
+        found = self.lookup(node, node.name, scope)
+        if found is None:
+            raise self.fail(node, f"undeclared reference to '{node.name}' (in container '')")
+        return found
+
+    def lookup(self, node: ast.Node, name: str, scope: dict[str, T]) -> T | None:
+        """cel-go's Env.LookupIdent: a variable, else a type name (the registry's, or a message type), else an
+        enum value; a name that is not a variable is recorded in `references`."""
+        name = name.removeprefix(".")  # a leading dot only roots the name
+        if name in scope:
+            return scope[name]
+        if name in _TYPE_IDENTS:
+            self.references[id(node)] = name
+            return _TYPE_IDENTS[name]
+        if name in MESSAGES:
+            self.references[id(node)] = name
+            return T("type", (MESSAGES[name].type,))
+        if name in ENUM_VALUES:
+            self.references[id(node)] = ENUM_VALUES[name]
+            return INT
+        return None
 
     def _select_field(self, node: ast.Node, operand: ast.Node, field: str, optional: bool, scope: dict[str, T]) -> T:
         otype = substitute(self.mapping, self.check(operand, scope), False)
@@ -158,6 +179,11 @@ class Checker:
         return T("optional_type", (result,)) if was_opt or optional else result
 
     def _select(self, node: ast.Select, scope: dict[str, T]) -> T:
+        qualified = _qualified_name(node)  # cel-go first tries `a.b.c` as one name (no variable has a dot)
+        if qualified is not None:
+            found = self.lookup(node, qualified, {})
+            if found is not None:
+                return found
         return substitute(self.mapping, self._select_field(node, node.operand, node.field, node.optional, scope), False)
 
     def _has(self, node: ast.Has, scope: dict[str, T]) -> T:
@@ -259,6 +285,30 @@ class Checker:
             return map_of(self.fresh(), self.fresh())
         return map_of(key_t, val_t)
 
+    def _struct(self, node: ast.Struct, scope: dict[str, T]) -> T:
+        """cel-go's checkCreateStruct: the name must be a message type; each field must exist and take its value."""
+        ident = self.lookup(node, node.type_name, scope)
+        if ident is None:
+            raise self.fail(node, f"undeclared reference to '{node.type_name}' (in container '')")
+        if ident.kind != "type":
+            raise self.fail(node, f"'{ident}' is not a type")
+        name = self.references.get(id(node))
+        if not isinstance(name, str) or name not in MESSAGES:
+            raise self.fail(node, f"'{ident.param(0)}' is not a message type")
+        fields = self.env.fields.get(name) or MESSAGES[name].fields
+        for f in node.fields:
+            value = self.check(f.value, scope)
+            if f.name not in fields:
+                raise self.fail(f, f"undefined field '{f.name}'")
+            if f.optional:
+                value = self._unwrap_opt(f.value, value)
+            if not self.is_assignable(fields[f.name], value):
+                shown = substitute(self.mapping, value, True)
+                raise self.fail(
+                    f, f"expected type of field '{f.name}' is '{fields[f.name]}' but provided type is '{shown}'"
+                )
+        return MESSAGES[name].type
+
     # -- macros --------------------------------------------------------------------------------------------------
     def _bind(self, node: ast.Bind, scope: dict[str, T]) -> T:
         init = self.check(node.init, scope)
@@ -267,11 +317,15 @@ class Checker:
     def _comprehension(self, node: ast.Comprehension, scope: dict[str, T]) -> T:
         rtype = substitute(self.mapping, self.check(node.target, scope), False)
         macro = node.macro
-        if macro == "optMap":
+        if macro in ("optMap", "optFlatMap"):  # `t.hasValue() ? optional.of(body) : optional.none()`
             if not is_optional(rtype) and not is_dyn_or_error(rtype) and kind(rtype) != "param":
                 raise self.fail(node, f"found no matching overload for 'hasValue' applied to '{rtype}.()'")
             inner = rtype.param(0) if is_optional(rtype) else DYN
-            return T("optional_type", (self.check(node.body, {**scope, node.var: inner}),))
+            body = self.check(node.body, {**scope, node.var: inner})
+            if macro == "optMap":
+                return T("optional_type", (body,))
+            # optFlatMap's body is the optional itself: `t.hasValue() ? body : optional.none()`
+            return self.resolve(node, "_?_:_", [BOOL, body, T("optional_type", (self.fresh(),))], False)
         two = node.var2 is not None
         k = kind(rtype)
         if k == "list":

@@ -17,6 +17,7 @@ from dra_driver.cel.errors import CostLimitExceeded
 MAX_COST: Final = 1_000_000  # resourceapi.CELSelectorExpressionMaxCost
 LIST_CREATE: Final = 10
 MAP_CREATE: Final = 30
+STRUCT_CREATE: Final = 40  # a message literal
 # `accu + [x]`, the step of map/filter/transformList as cel-go's tracker sees it: reading `accu` (1), the new list
 # (10) and the call (1).
 APPEND_STEP: Final = 1 + LIST_CREATE + 1

@@ -17,7 +17,7 @@ from dra_driver.cel.errors import CelRuntimeError, EvalError
 from dra_driver.cel.features import active
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import parse_semver
-from dra_driver.cel.values import Device, DomainMap
+from dra_driver.cel.values import Device, DomainMap, NativeMap
 
 ATTRIBUTE_KINDS: Final = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
 Raw = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]  # sorted (domain, sorted (id, raw value)) pairs
@@ -137,7 +137,7 @@ def _convert(dev: CelDevice) -> Device:
             domain, ident = driver, name
         if domain != current:
             current = domain
-            values = attributes.get(domain) or attributes.setdefault(domain, {})
+            values = attributes.get(domain) or attributes.setdefault(domain, NativeMap())
         if len(attr) == 1:
             ((kind, raw),) = attr.items()
             expected = _SCALARS.get(kind)
@@ -156,7 +156,7 @@ def _convert(dev: CelDevice) -> Device:
             domain, ident = driver, name
         if domain != current:
             current = domain
-            values = capacity.get(domain) or capacity.setdefault(domain, {})
+            values = capacity.get(domain) or capacity.setdefault(domain, NativeMap())
         try:
             values[ident] = Quantity.parse(text)  # cached by text: fleets repeat the same few values
         except EvalError as err:

@@ -30,7 +30,7 @@ from typing import Final
 
 from dra_driver.cel import ast
 from dra_driver.cel.checker import CheckEnv, Checker, dra_env
-from dra_driver.cel.cost import MAX_COST
+from dra_driver.cel.cost import LIST_CREATE, MAP_CREATE, MAX_COST, STRUCT_CREATE
 from dra_driver.cel.decls import Decl
 from dra_driver.cel.errors import CelCompileError
 from dra_driver.cel.extlib import EXT_DECLS
@@ -42,8 +42,6 @@ U64: Final = 2**64 - 1
 TOO_COMPLEX: Final = "too complex, exceeds cost limit"  # validateCELSelector's field.Forbidden detail
 STRING_TRAVERSAL: Final = 0.1  # common.StringTraversalCostFactor
 REGEX_LENGTH: Final = 0.25  # common.RegexStringLengthCostFactor
-LIST_CREATE: Final = 10
-MAP_CREATE: Final = 30
 ACCUMULATOR: Final = "@result"  # the accumulator name cel-go's parser gives macro folds
 CACHE_SIZE: Final = 1024
 
@@ -139,6 +137,12 @@ class _Map:
 
 
 @dataclass(eq=False, slots=True)
+class _Struct:
+    type: T
+    fields: tuple[_Expr, ...]
+
+
+@dataclass(eq=False, slots=True)
 class _Fold:
     type: T
     iter_range: _Expr
@@ -151,7 +155,7 @@ class _Fold:
     result: _Expr
 
 
-_Expr = _Lit | _Ident | _Select | _Call | _List | _Map | _Fold
+_Expr = _Lit | _Ident | _Select | _Call | _List | _Map | _Struct | _Fold
 
 
 def _ids(decls: tuple[Decl, ...]) -> tuple[str, ...]:
@@ -206,21 +210,26 @@ class _Expander:
             return _List(t, tuple(self.expand(e) for e in node.elements))
         if isinstance(node, ast.MapLit):
             return _Map(t, tuple((self.expand(k), self.expand(v)) for k, v, _ in node.entries))
+        if isinstance(node, ast.Struct):
+            return _Struct(t, tuple(self.expand(f.value) for f in node.fields))
         if isinstance(node, ast.Bind):
             return _bind(t, node.var, self.expand(node.init), self.expand(node.body))
         assert isinstance(node, ast.Comprehension)
         return self._macro(node, t)
 
     def _macro(self, node: ast.Comprehension, t: T) -> _Expr:
-        """The expansions of parser/macro.go, ext/comprehensions.go, ext/lists.go (sortBy), cel/library.go (optMap)."""
+        """The expansions of parser/macro.go, ext/comprehensions.go, ext/lists.go (sortBy), cel/library.go (optMap,
+        optFlatMap)."""
         macro = node.macro
         target = self.expand(node.target)
-        if macro == "optMap":
+        if macro in ("optMap", "optFlatMap"):
             inner = target.type.param(0) if target.type.kind == "optional_type" else DYN
             has_value = _Call(BOOL, "hasValue", target, (), ("optional_hasValue",))
             value = _Call(inner, "value", self.expand(node.target), (), ("optional_value",))  # a copy of the target
             body = self.expand(node.body)
-            some = _Call(t, "optional.of", None, (_bind(body.type, node.var, value, body),), ("optional_of",))
+            some: _Expr = _bind(body.type, node.var, value, body)
+            if macro == "optMap":
+                some = _Call(t, "optional.of", None, (some,), ("optional_of",))
             none = _Call(t, "optional.none", None, (), ("optional_none",))
             return _Call(t, "_?_:_", None, (has_value, some, none), ("conditional",))
         if macro == "sortBy":
@@ -449,6 +458,8 @@ class _Coster:
             return self._list(e)
         if isinstance(e, _Map):
             return self._map(e)
+        if isinstance(e, _Struct):  # costCreateStruct
+            return sum((self.cost(f) for f in e.fields), ZERO) + CostRange(STRUCT_CREATE, STRUCT_CREATE)
         if _is_bind(e):
             return self._bind(e)
         return self._fold(e)

@@ -1,8 +1,8 @@
-"""Type-checks a CEL syntax tree and turns it into nested Python closures.
+"""Turns a checked CEL syntax tree into nested Python closures.
 
-One pass does both: every node yields `(closure, static type)`. Static types are only as precise as needed to
-reject what cel-go's checker certainly rejects (undeclared names, unknown device fields, operators on clearly
-incompatible types, a non-bool result); anything involving `dyn` (every attribute value) is left to runtime.
+The checker (`checker.py`) is the only type checker: it has rejected what cel-go rejects before this runs, and its
+resolutions (functions and their overloads, type names, the static type of each node) steer what is compiled here.
+What only a value can tell (an attribute's type, a `dyn`) fails at evaluation, as in cel-go.
 
 The closures charge the runtime cost as cel-go observes its planned program (interpreter/runtimecost.go): an
 attribute (a variable with its chain of field and index qualifiers) costs 1 plus 1 a qualifier, where a qualifier
@@ -21,62 +21,35 @@ from typing import Any, Final
 
 from dra_driver.cel import ast, cost
 from dra_driver.cel.callcost import CallCost, call_cost, equality, tenth
+from dra_driver.cel.checker import Checker
 from dra_driver.cel.cost import Activation
-from dra_driver.cel.decls import Decl
-from dra_driver.cel.errors import CelCompileError, EvalError, EvaluationAborted
+from dra_driver.cel.errors import EvalError, EvaluationAborted
 from dra_driver.cel.library import (
     FOLDABLE,
     REGISTRY,
-    SAME_AS_RECEIVER,
     check_sort_keys,
-    compile_regex,
-    known_names,
     no_overload,
 )
-from dra_driver.cel.parser import format_error
-from dra_driver.cel.types import (
-    BOOL,
-    BYTES,
-    DEVICE,
-    DEVICE_FIELDS,
-    DOUBLE,
-    DYN,
-    INT,
-    LIST_DYN,
-    NULL,
-    NUMERIC,
-    QUANTITY,
-    SEMVER,
-    STRING,
-    TYPE,
-    UINT,
-    T,
-    list_of,
-    map_of,
-    optional_of,
-)
+from dra_driver.cel.messages import new_message
+from dra_driver.cel.types import DEVICE, T
 from dra_driver.cel.values import (
     NONE,
     CelType,
     Device,
     DomainMap,
+    NativeMap,
     Optional,
-    UInt,
     is_missing,
+    key_of,
     map_get,
+    map_key,
     set_contains,
     set_keys,
     type_name,
 )
 
 Fn = Callable[[Activation], Any]
-VARIABLES: Final = {"device": DEVICE}
-_ARITH: Final = {"_+_", "_-_", "_*_", "_/_", "_%_"}
-_ORDER: Final = {"_<_", "_<=_", "_>_", "_>=_"}
-_ORDERED_KINDS: Final = {"int", "uint", "double", "string", "bytes", "bool"}
-_CONST_TYPES: Final = {bool: BOOL, int: INT, UInt: UINT, float: DOUBLE, str: STRING, bytes: BYTES, type(None): NULL}
 _UNSET: Final = object()
-_TYPE_NAMES: Final = frozenset({"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"})
 # cel-go (matches) and Kubernetes (find, findAll) precompile a constant pattern (interpreter.RegexOptimization)
 _REGEX_OPTIMIZED: Final = frozenset({"matches", "find", "findAll"})
 # Functions cel-go binds once for all their overloads (stdlib operators aside): called directly, never dispatched
@@ -88,14 +61,13 @@ _CONVERSIONS: Final = frozenset(
 )
 
 
-def _concrete(t: T) -> bool:
-    return t != DYN
-
-
 class Compiler:
-    def __init__(self, source: str, resolved: dict[int, tuple[str, tuple[Decl, ...]]] | None = None) -> None:
-        self.source = source
-        self.resolved = resolved or {}  # the checker's overload resolution per call node (`Checker.resolved`)
+    """Compiles a tree `checker` has checked, by its resolutions: functions and overloads (`Checker.resolved`),
+    names that are types or enum values (`Checker.references`), static types (for the fast paths only)."""
+
+    def __init__(self, checker: Checker) -> None:
+        self.checker = checker
+        self.resolved = checker.resolved
         self.constants: dict[int, Any] = {}  # id(node) → value, for nodes cel-go's planner makes constant
 
     def _constant(self, node: ast.Node, value: Any) -> Fn:
@@ -108,11 +80,14 @@ class Compiler:
 
     def is_attribute(self, node: ast.Node) -> bool:
         """What cel-go plans as an attribute: a variable, a selection or index (qualifiers), `has()`, `?:`."""
-        if isinstance(node, ast.Ident):
-            return id(node) not in self.constants  # a type name is a constant
+        if isinstance(node, ast.Ident | ast.Select) and id(node) in self.checker.references:
+            return False  # a type name or enum value: a constant
         if isinstance(node, ast.Call):
             return node.function == "_?_:_"
-        return isinstance(node, ast.Select | ast.Index | ast.Has)
+        return isinstance(node, ast.Ident | ast.Select | ast.Index | ast.Has)
+
+    def _static(self, node: ast.Node) -> T:
+        return self.checker.final(node)
 
     def _own_charge(self, node: ast.Node) -> int:
         """1 when `node` is an attribute whose evaluation charges 1 for itself (a variable, or a relative attribute
@@ -123,48 +98,43 @@ class Compiler:
             node = node.operand
         return 0 if isinstance(node, ast.Call) and node.function == "_?_:_" else 1
 
-    def fail(self, node: ast.Node, message: str) -> CelCompileError:
-        return CelCompileError(format_error(self.source, node.pos, message))
-
-    def compile(self, node: ast.Node, scope: dict[str, T]) -> tuple[Fn, T]:
+    def compile(self, node: ast.Node) -> Fn:
         method = getattr(self, f"_{type(node).__name__.lower()}")
-        result: tuple[Fn, T] = method(node, scope)
+        result: Fn = method(node)
         return result
 
     # -- leaves --------------------------------------------------------------------------------------------------
-    def _const(self, node: ast.Const, scope: dict[str, T]) -> tuple[Fn, T]:
-        return self._constant(node, node.value), _CONST_TYPES[type(node.value)]
+    def _const(self, node: ast.Const) -> Fn:
+        return self._constant(node, node.value)
 
-    def _ident(self, node: ast.Ident, scope: dict[str, T]) -> tuple[Fn, T]:
+    def _reference(self, node: ast.Ident | ast.Select) -> Fn | None:
+        """A name the checker resolved to a type or an enum value: a constant."""
+        ref = self.checker.references.get(id(node))
+        if ref is None:
+            return None
+        return self._constant(node, CelType(ref) if isinstance(ref, str) else ref)
+
+    def _ident(self, node: ast.Ident) -> Fn:
+        constant = self._reference(node)
+        if constant is not None:
+            return constant
         name = node.name
-        if name not in scope and name in _TYPE_NAMES:
-            return self._constant(node, CelType(name)), TYPE
-        if name not in scope:
-            raise self.fail(node, f"undeclared reference to '{name}' (in container '')")
 
         def ident(a: Activation) -> Any:
             a.cost += 1
             value = a.vars[name]
             return value.get(a) if type(value) is _Lazy else value
 
-        return ident, scope[name]
+        return ident
 
     # -- selection and indexing ----------------------------------------------------------------------------------
-    def _select(self, node: ast.Select, scope: dict[str, T]) -> tuple[Fn, T]:
-        operand, otype = self.compile(node.operand, scope)
+    def _select(self, node: ast.Select) -> Fn:
+        constant = self._reference(node)
+        if constant is not None:
+            return constant
+        operand = self.compile(node.operand)
+        otype = self._static(node.operand)
         field = node.field
-        if otype == DEVICE:
-            if field not in DEVICE_FIELDS:
-                raise self.fail(node, f"undefined field '{field}'")
-            ftype = DEVICE_FIELDS[field]
-        elif otype.kind == "map":
-            ftype = otype.param(1)
-        elif otype.kind == "optional_type":
-            ftype = otype.param(0).param(1) if otype.param(0).kind == "map" else DYN
-        elif _concrete(otype):
-            raise self.fail(node, f"type '{otype}' does not support field selection")
-        else:
-            ftype = DYN
 
         relative = 0 if self.is_attribute(node.operand) else 1
         if node.optional:
@@ -174,7 +144,7 @@ class Compiler:
                 a.cost += relative + found.has_value  # an absent optional qualifier is not charged
                 return found
 
-            return opt_select, optional_of(ftype)
+            return opt_select
 
         charge = 1 + relative
         if otype == DEVICE or otype.kind == "map":  # never an optional: the common path, kept lean
@@ -184,7 +154,7 @@ class Compiler:
                 a.cost += charge
                 return _get(value, field, True)
 
-            return plain_select, ftype
+            return plain_select
 
         def select(a: Activation) -> Any:
             value = operand(a)
@@ -194,22 +164,12 @@ class Compiler:
                 a.cost += charge
             return _get(value, field, True)
 
-        return select, ftype
+        return select
 
-    def _index(self, node: ast.Index, scope: dict[str, T]) -> tuple[Fn, T]:
-        operand, otype = self.compile(node.operand, scope)
-        index, itype = self.compile(node.index, scope)
-        base = otype.param(0) if otype.kind == "optional_type" else otype
-        if base.kind == "list":
-            if _concrete(itype) and itype not in NUMERIC:
-                raise self.fail(node, f"found no matching overload for '_[_]' applied to '({otype}, {itype})'")
-            rtype = base.param(0)
-        elif base.kind == "map":
-            rtype = base.param(1)
-        elif _concrete(base) and base != DEVICE:
-            raise self.fail(node, f"found no matching overload for '_[_]' applied to '({otype}, {itype})'")
-        else:
-            rtype = DYN
+    def _index(self, node: ast.Index) -> Fn:
+        operand = self.compile(node.operand)
+        index = self.compile(node.index)
+        otype = self._static(node.operand)
         relative = 0 if self.is_attribute(node.operand) else 1
         # an attribute used as the index is charged as itself (its evaluation is the qualifier's observation)
         by_attribute = self.is_attribute(node.index)
@@ -222,7 +182,7 @@ class Compiler:
                 a.cost += relative + (qualifier if found.has_value else absent)
                 return found
 
-            return opt_index, optional_of(rtype)
+            return opt_index
 
         charge = relative + qualifier
         if otype == DEVICE or otype.kind in ("map", "list"):  # never an optional: the common path, kept lean
@@ -233,7 +193,7 @@ class Compiler:
                 a.cost += charge
                 return _get(value, key, False)
 
-            return plain_idx, rtype
+            return plain_idx
 
         def idx(a: Activation) -> Any:
             value = operand(a)
@@ -244,13 +204,11 @@ class Compiler:
                 a.cost += charge
             return _get(value, key, False)
 
-        return idx, rtype
+        return idx
 
-    def _has(self, node: ast.Has, scope: dict[str, T]) -> tuple[Fn, T]:
-        operand, otype = self.compile(node.select.operand, scope)
+    def _has(self, node: ast.Has) -> Fn:
+        operand = self.compile(node.select.operand)
         field = node.select.field
-        if otype == DEVICE and field not in DEVICE_FIELDS:
-            raise self.fail(node.select, f"undefined field '{field}'")
 
         # the presence test replaces the attribute's own 1; over a value that is no attribute, it adds 1
         extra = 0 if self.is_attribute(node.select.operand) else 1
@@ -266,21 +224,18 @@ class Compiler:
                 a.cost -= refund
             return present
 
-        return has, BOOL
+        return has
 
     # -- literals ------------------------------------------------------------------------------------------------
-    def _listlit(self, node: ast.ListLit, scope: dict[str, T]) -> tuple[Fn, T]:
-        compiled = [self.compile(e, scope) for e in node.elements]
-        fns = [fn for fn, _ in compiled]
-        types = {t.param(0) if opt else t for (_, t), opt in zip(compiled, node.optional, strict=True)}
-        elem = types.pop() if len(types) == 1 else DYN
+    def _listlit(self, node: ast.ListLit) -> Fn:
+        fns = [self.compile(e) for e in node.elements]
         if not any(node.optional):
 
             def make_list(a: Activation) -> list[Any]:
                 a.charge(cost.LIST_CREATE)
                 return [fn(a) for fn in fns]
 
-            return self._prebuilt(node, make_list), list_of(elem)
+            return self._prebuilt(node, make_list)
         flags = node.optional
 
         def make_opt_list(a: Activation) -> list[Any]:
@@ -296,31 +251,19 @@ class Compiler:
                     out.append(value.value)
             return out
 
-        return make_opt_list, list_of(elem)
+        return make_opt_list
 
-    def _maplit(self, node: ast.MapLit, scope: dict[str, T]) -> tuple[Fn, T]:
-        entries = [(self.compile(k, scope), self.compile(v, scope), opt) for k, v, opt in node.entries]
-        key_types = {kt for (_, kt), _, _ in entries}
-        val_types = {vt.param(0) if opt else vt for _, (_, vt), opt in entries}
-        for (_, kt), _, _ in entries:
-            if _concrete(kt) and kt.kind not in ("int", "uint", "bool", "string"):
-                raise self.fail(node, f"unsupported map key type: {kt}")
-        key_t = key_types.pop() if len(key_types) == 1 else DYN
-        val_t = val_types.pop() if len(val_types) == 1 else DYN
-        plan = [(kf, vf, opt) for (kf, _), (vf, _), opt in entries]
+    def _maplit(self, node: ast.MapLit) -> Fn:
+        plan = [(self.compile(k), self.compile(v), opt) for k, v, opt in node.entries]
 
         def make_map(a: Activation) -> dict[Any, Any]:
             a.charge(cost.MAP_CREATE)
             out: dict[Any, Any] = {}
             for kf, vf, opt in plan:
-                key = kf(a)
-                if isinstance(key, float) or not isinstance(key, int | str):
-                    raise EvalError(f"unsupported map key type: {type_name(key)}")
-                if not is_missing(map_get(out, key)):  # a repeated key: the last entry wins, as in cel-go's literal
-                    del out[next(k for k in out if type(k) is type(key) and k == key)]
-                if key in out:  # Python conflates true and 1 as dict keys; CEL does not
-                    raise EvalError("unsupported map literal: bool and numeric keys that Python cannot tell apart")
+                raw = kf(a)
                 value = vf(a)
+                key = map_key(raw)  # cel-go's Go map: any key type, one entry per Go-equal key (see `GoKey`)
+                out.pop(key, None)  # a repeated key: the last entry wins (a none optional one removes it)
                 if opt:
                     if not isinstance(value, Optional):
                         raise no_overload("optional map entry", value)
@@ -330,12 +273,36 @@ class Compiler:
                 out[key] = value
             return out
 
-        return self._prebuilt(node, make_map), map_of(key_t, val_t)
+        return self._prebuilt(node, make_map)
+
+    def _struct(self, node: ast.Struct) -> Fn:
+        """A message literal: the field values in order (the first error stops them), then the message, which
+        costs what cel-go charges any object construction, also when it fails."""
+        name = self.checker.references[id(node)]
+        assert isinstance(name, str)
+        plan = [(f.name, self.compile(f.value), f.optional) for f in node.fields]
+
+        def make_message(a: Activation) -> Any:
+            a.charge(cost.STRUCT_CREATE)
+            fields: dict[str, Any] = {}
+            for field, fn, opt in plan:
+                value = fn(a)
+                if opt:
+                    if not isinstance(value, Optional):
+                        raise EvalError(f"cannot initialize optional entry '{field}' from non-optional value {value}")
+                    if not value.has_value:
+                        fields.pop(field, None)
+                        continue
+                    value = value.value
+                fields[field] = value
+            return new_message(name, fields)
+
+        return make_message
 
     # -- macros --------------------------------------------------------------------------------------------------
-    def _bind(self, node: ast.Bind, scope: dict[str, T]) -> tuple[Fn, T]:
-        init, itype = self.compile(node.init, scope)
-        body, btype = self.compile(node.body, {**scope, node.var: itype})
+    def _bind(self, node: ast.Bind) -> Fn:
+        init = self.compile(node.init)
+        body = self.compile(node.body)
         var = node.var
         # cel-go evaluates a bind's value on first use (an error or cost in an unused one never happens). The value
         # must see the variables of the bind: snapshot them only when the value reads a name that the bind itself
@@ -350,39 +317,15 @@ class Compiler:
             finally:
                 _restore(a, var, saved)
 
-        return bind, btype
+        return bind
 
-    def _comprehension(self, node: ast.Comprehension, scope: dict[str, T]) -> tuple[Fn, T]:
-        target, ttype = self.compile(node.target, scope)
+    def _comprehension(self, node: ast.Comprehension) -> Fn:
+        target = self.compile(node.target)
         macro, var, var2 = node.macro, node.var, node.var2
-        if macro == "optMap":
-            return self._opt_map(node, target, ttype, scope)
-        if ttype.kind == "list":
-            vtypes = (INT, ttype.param(0)) if var2 else (ttype.param(0), DYN)
-        elif ttype.kind == "map":
-            vtypes = (ttype.param(0), ttype.param(1)) if var2 else (ttype.param(0), DYN)
-        elif _concrete(ttype):
-            raise self.fail(node, f"expression of type '{ttype}' cannot be range of a comprehension")
-        else:
-            vtypes = (DYN, DYN)
-        inner = {**scope, var: vtypes[0]}
-        if var2:
-            inner[var2] = vtypes[1]
-        body, btype = self.compile(node.body, inner)
-        transform, ttype2 = self.compile(node.transform, inner) if node.transform else (None, DYN)
-        if macro in ("all", "exists", "exists_one", "filter") and _concrete(btype) and btype != BOOL:
-            raise self.fail(node.body, f"found no matching overload for '{macro}' with a predicate of type '{btype}'")
-        result_type = {
-            "all": BOOL,
-            "exists": BOOL,
-            "exists_one": BOOL,
-            "filter": ttype,
-            "sortBy": ttype,
-            "map": list_of(ttype2 if transform else btype),
-            "transformList": list_of(ttype2),
-            "transformMap": map_of(vtypes[0], ttype2),
-            "transformMapEntry": ttype2 if ttype2.kind == "map" else map_of(DYN, DYN),
-        }[macro]
+        if macro in ("optMap", "optFlatMap"):
+            return self._opt_map(node, target)
+        body = self.compile(node.body)
+        transform = self.compile(node.transform) if node.transform else None
         run = _MACROS[macro]
         step = self._fold_step(node)
 
@@ -391,7 +334,7 @@ class Compiler:
             if isinstance(items, list):
                 pairs: Any = enumerate(items) if var2 else ((None, x) for x in items)
             elif isinstance(items, dict):
-                pairs = items.items() if var2 else ((None, k) for k in items)
+                pairs = ((key_of(k), v) for k, v in items.items()) if var2 else ((None, key_of(k)) for k in items)
             else:
                 raise EvalError(f"expression of type '{type_name(items)}' cannot be range of a comprehension")
             saved = (a.vars.get(var, _UNSET), a.vars.get(var2, _UNSET) if var2 else _UNSET)
@@ -402,7 +345,7 @@ class Compiler:
                 if var2:
                     _restore(a, var2, saved[1])
 
-        return comprehension, result_type
+        return comprehension
 
     def _fold_step(self, node: ast.Comprehension) -> Any:
         """What one element's step costs beyond the user's expressions: `accu + [x]` is the accumulator (1), a new
@@ -418,11 +361,13 @@ class Compiler:
             return append, call_cost("@sortByAssociatedKeys", decls[0].overload_id if len(decls) == 1 else "")
         return {"filter": cost.APPEND_STEP + 1, "transformMap": 3, "transformMapEntry": 2}.get(macro, 0)
 
-    def _opt_map(self, node: ast.Comprehension, target: Fn, ttype: T, scope: dict[str, T]) -> tuple[Fn, T]:
-        """`t.hasValue() ? optional.of(cel.bind(v, t.value(), body)) : optional.none()`, as cel-go expands it: the
-        target is evaluated again, with `value()`, only when the body first reads `v`."""
-        body, btype = self.compile(node.body, {**scope, node.var: ttype.param(0)})
+    def _opt_map(self, node: ast.Comprehension, target: Fn) -> Fn:
+        """`t.hasValue() ? optional.of(cel.bind(v, t.value(), body)) : optional.none()`, as cel-go expands it (for
+        optFlatMap without `optional.of`): the target is evaluated again, with `value()`, only when the body first
+        reads `v`."""
+        body = self.compile(node.body)
         var = node.var
+        wrap = node.macro == "optMap"
         snapshot = _rebinds_a_read(node.target, var, node.body)
 
         def reread(a: Activation) -> Any:
@@ -448,21 +393,22 @@ class Compiler:
                 result = body(a)
             finally:
                 _restore(a, var, saved)
+            if not wrap:
+                return result
             a.cost += 1  # optional.of()
             return Optional(True, result)
 
-        return opt_map, optional_of(btype)
+        return opt_map
 
     # -- calls ---------------------------------------------------------------------------------------------------
-    def _call(self, node: ast.Call, scope: dict[str, T]) -> tuple[Fn, T]:
+    def _call(self, node: ast.Call) -> Fn:
         name, target = node.function, node.target
         if name in ("_&&_", "_||_"):
-            return self._logic(node, scope)
+            return self._logic(node)
         if name == "_?_:_":
-            return self._ternary(node, scope)
+            return self._ternary(node)
         if name == "!_":
-            ((fn, t),) = (self.compile(node.args[0], scope),)
-            self._expect_bool(node, "!_", [t])
+            fn = self.compile(node.args[0])
 
             def not_(a: Activation) -> bool:
                 try:
@@ -473,39 +419,26 @@ class Compiler:
                     return not value
                 raise no_overload("!_", value)
 
-            return not_, BOOL
-        # `optional.of(x)`, `sets.contains(a, b)`, `lists.range(n)`: a namespace, not a receiver.
-        if isinstance(target, ast.Ident) and target.name not in scope and f"{target.name}.{name}" in known_names():
-            name, target = f"{target.name}.{name}", None
+            return not_
+        # `optional.of(x)`, `sets.contains(a, b)`, `lists.range(n)`: the checker folded a namespace into the name
+        name = self.resolved[id(node)][0]
+        if name != node.function:
+            target = None
         member = target is not None
-        compiled = ([self.compile(target, scope)] if target is not None else []) + [
-            self.compile(arg, scope) for arg in node.args
-        ]
-        fns = [fn for fn, _ in compiled]
-        types = [t for _, t in compiled]
+        fns = [self.compile(arg) for arg in ([target] if target is not None else []) + list(node.args)]
         overload = REGISTRY.get((name, member, len(fns)))
-        if overload is None:
-            if name not in known_names():
-                raise self.fail(node, f"undeclared reference to '{name}' (in container '')")
-            shown = f"{types[0]}.({', '.join(map(str, types[1:]))})" if member else f"({', '.join(map(str, types))})"
-            raise self.fail(node, f"found no matching overload for '{name}' applied to '{shown}'")
-        rtype = self._static_type(node, name, types, overload.ret)
-        if name == "matches" and isinstance(node.args[-1], ast.Const) and isinstance(node.args[-1].value, str):
-            try:
-                compile_regex(node.args[-1].value)  # cel-go rejects constant bad patterns at program creation
-            except EvalError as err:
-                raise self.fail(node.args[-1], err.message) from None
+        assert overload is not None, f"the checker resolved '{name}', which has no implementation"
         impl = overload.impl
         if name in ("or", "orValue") and member:
-            return _optional_or(fns[0], fns[1], name == "orValue"), rtype
+            return _optional_or(fns[0], fns[1], name == "orValue")
         args = [target, *node.args] if target is not None else list(node.args)
         if name == "@in" and isinstance(node.args[1], ast.ListLit) and self.is_constant(node.args[1]):
             items = self.constants[id(node.args[1])]
             if not items:  # cel-go: a constant `false`, the element not even evaluated
-                return self._constant(node, False), rtype
+                return self._constant(node, False)
             keys = set_keys(items)
             if keys is not None:
-                return self._set_membership(fns[0], keys), rtype
+                return self._set_membership(fns[0], keys)
         priced = self._price(node, name)
         constant = all(self.is_constant(arg) for arg in args)
         if constant and not member and (name in _CONVERSIONS or name in FOLDABLE):
@@ -516,7 +449,7 @@ class Compiler:
                 pass
             else:
                 if name in _CONVERSIONS:  # cel-go folds these: a constant, free
-                    return self._constant(node, folded), rtype
+                    return self._constant(node, folded)
                 # ours only, for speed: charged as the call it replaces
                 charge = 1 if priced is None else priced.fn(values, folded)
 
@@ -524,16 +457,16 @@ class Compiler:
                     a.charge(charge)
                     return folded
 
-                return folded_call, rtype
+                return folded_call
         if name in ("_==_", "_!=_"):
-            return _equality_call(impl, fns[0], fns[1], name == "_==_"), rtype
+            return _equality_call(impl, fns[0], fns[1], name == "_==_")
         # cel-go compiles a constant pattern once and calls through a varargs call, which stops at a failed argument
         varargs = name in _REGEX_OPTIMIZED and len(args) >= 2 and self.is_constant(args[1])
         # A call the checker left to several overloads runs through the function's dynamic dispatch, which cel-go
         # plans as a varargs call unless the function has a single (singleton) binding
         if len(args) == 2 and name not in _SINGLETON_BOUND and name[0].isalpha():
             varargs = varargs or len(self.resolved.get(id(node), (name, ()))[1]) > 1
-        return _invoke(impl, fns, priced, varargs), rtype
+        return _invoke(impl, fns, priced, varargs)
 
     def _price(self, node: ast.Call, name: str) -> CallCost | None:
         """The call's cost: by the overload the checker resolved when it resolved exactly one (cel-go's planner
@@ -553,80 +486,8 @@ class Compiler:
 
         return member
 
-    def _static_type(self, node: ast.Call, name: str, types: list[T], ret: T) -> T:
-        """Operator checks where both operand types are known, mirroring cel-go's overload resolution."""
-
-        def bad() -> CelCompileError:
-            return self.fail(
-                node, f"found no matching overload for '{name}' applied to '({', '.join(map(str, types))})'"
-            )
-
-        if name in _ARITH or name in _ORDER or name in ("_==_", "_!=_"):
-            left, right = types
-            if not (_concrete(left) and _concrete(right)):
-                return BOOL if name not in _ARITH else DYN
-            same = left.kind == right.kind
-            if name in ("_==_", "_!=_"):
-                if not same and not (left in NUMERIC and right in NUMERIC) and NULL not in (left, right):
-                    raise bad()
-                return BOOL
-            if name in _ORDER:
-                numeric = left in NUMERIC and right in NUMERIC
-                if not (numeric or (same and left.kind in _ORDERED_KINDS)):
-                    raise bad()
-                return BOOL
-            allowed = {"_+_": {"int", "uint", "double", "string", "bytes", "list"}, "_%_": {"int", "uint"}}
-            if not same or left.kind not in allowed.get(name, {"int", "uint", "double"}):
-                raise bad()
-            return left if left.kind != "list" or left == right else LIST_DYN
-        if name == "-_":
-            if _concrete(types[0]) and types[0] not in (INT, DOUBLE):
-                raise bad()
-            return types[0]
-        if name == "@in":
-            container = types[1]
-            if _concrete(container) and container.kind not in ("list", "map"):
-                raise bad()
-            return BOOL
-        receiver = types[0] if types else DYN
-        if name in SAME_AS_RECEIVER or name == "flatten":
-            return receiver if name != "flatten" else LIST_DYN
-        if name in ("first", "last"):
-            return optional_of(receiver.param(0))
-        if name in ("value", "orValue") and receiver.kind == "optional_type":
-            return receiver.param(0)
-        if name in ("min", "max", "sum") and receiver.kind == "list":
-            return receiver.param(0)
-        if name == "optional.of":
-            return optional_of(receiver)
-        if name in ("optional.none", "optional.ofNonZeroValue", "or"):
-            return optional_of(DYN)
-        self._check_receiver(node, name, types)
-        return ret
-
-    def _check_receiver(self, node: ast.Call, name: str, types: list[T]) -> None:
-        """Quantity/Semver-only methods on a known other type (e.g. a capacity compared with `>`) fail early."""
-        qty_only = {"sign", "isInteger", "asInteger", "asApproximateFloat", "add", "sub"}
-        both = {"compareTo", "isGreaterThan", "isLessThan"}
-        semver_only = {"major", "minor", "patch"}
-        if not types or not _concrete(types[0]):
-            return
-        allowed = {QUANTITY} if name in qty_only else {SEMVER} if name in semver_only else None
-        if name in both:
-            allowed = {QUANTITY, SEMVER}
-        if allowed is not None and types[0] not in allowed:
-            shown = f"{types[0]}.({', '.join(map(str, types[1:]))})"
-            raise self.fail(node, f"found no matching overload for '{name}' applied to '{shown}'")
-
-    def _expect_bool(self, node: ast.Node, name: str, types: list[T]) -> None:
-        if any(_concrete(t) and t != BOOL for t in types):
-            raise self.fail(
-                node, f"found no matching overload for '{name}' applied to '({', '.join(map(str, types))})'"
-            )
-
-    def _logic(self, node: ast.Call, scope: dict[str, T]) -> tuple[Fn, T]:
-        (left, lt), (right, rt) = (self.compile(arg, scope) for arg in node.args)
-        self._expect_bool(node, node.function, [lt, rt])
+    def _logic(self, node: ast.Call) -> Fn:
+        left, right = (self.compile(arg) for arg in node.args)
         absorbing = node.function == "_||_"  # the value that decides the result regardless of the other side
         name = node.function
 
@@ -650,11 +511,10 @@ class Compiler:
                 raise no_overload(name, lv, rv)
             return not absorbing
 
-        return logic, BOOL
+        return logic
 
-    def _ternary(self, node: ast.Call, scope: dict[str, T]) -> tuple[Fn, T]:
-        (cond, ct), (then, tt), (other, ot) = (self.compile(arg, scope) for arg in node.args)
-        self._expect_bool(node, "_?_:_", [ct])
+    def _ternary(self, node: ast.Call) -> Fn:
+        cond, then, other = (self.compile(arg) for arg in node.args)
         then_own, other_own = self._own_charge(node.args[1]), self._own_charge(node.args[2])
 
         def ternary(a: Activation) -> Any:
@@ -667,7 +527,7 @@ class Compiler:
                 return other(a)
             raise no_overload("_?_:_", c)
 
-        return ternary, tt if tt == ot else DYN
+        return ternary
 
     def _prebuilt(self, node: ast.ListLit | ast.MapLit, make: Fn) -> Fn:
         """A literal of constants is built once, at no runtime cost, as cel-go's OptOptimize does (values are never
@@ -878,7 +738,7 @@ def _get(container: Any, key: Any, is_field: bool) -> Any:
         value = map_get(container, key)
         if is_missing(value):
             if isinstance(container, DomainMap):
-                return {}  # unknown domain: empty map, not an error
+                return NativeMap()  # unknown domain: empty map, not an error
             raise EvalError(f"no such key: {_show_key(key)}")
         return value
     if isinstance(container, Device) and is_field and key in Device.FIELDS:
@@ -931,7 +791,7 @@ def _optional_get(container: Any, key: Any, is_field: bool) -> Optional:
     if isinstance(container, dict):
         value = map_get(container, key)
         if is_missing(value) and isinstance(container, DomainMap):
-            return Optional(True, {})  # Find() with a default: an unknown domain is present and empty
+            return Optional(True, NativeMap())  # Find() with a default: an unknown domain is present and empty
         return NONE if is_missing(value) else Optional(True, value)
     if isinstance(container, list) and not is_field:
         if type(key) is int and 0 <= key < len(container):
@@ -1062,7 +922,7 @@ def _run_transform_map(
     for first, second in pairs:
         _set(a, var, var2, first, second)
         if _predicate(body(a), "transformMap"):
-            out[first] = t(a)
+            out[map_key(first)] = t(a)
             a.charge(step)
     a.charge(1)
     return out
@@ -1101,8 +961,8 @@ def _run_transform_map_entry(
         if not isinstance(entry, dict):
             raise no_overload("cel.@mapInsert", out, entry)
         for key, value in entry.items():
-            if not is_missing(map_get(out, key)):
-                raise EvalError(f"insert failed: key {_show_key(key)} already exists")
+            if not is_missing(map_get(out, key_of(key))):
+                raise EvalError(f"insert failed: key {_show_key(key_of(key))} already exists")
             out[key] = value
     a.charge(1)
     return out

@@ -1,7 +1,7 @@
 """A recursive-descent parser for the CEL grammar (cel-spec `langdef.md`), with optional syntax and macros.
 
-Macros (has, all, exists, exists_one, map, filter, cel.bind, two-variable comprehensions, optMap, sortBy) are
-expanded here, as cel-go's parser does, so later stages see dedicated nodes.
+Macros (has, all, exists, exists_one, map, filter, cel.bind, two-variable comprehensions, optMap, optFlatMap,
+sortBy) are expanded here, as cel-go's parser does, so later stages see dedicated nodes.
 """
 
 from __future__ import annotations
@@ -307,6 +307,9 @@ class Parser:
             if tok.text == "null":
                 self.i += 1
                 return ast.Const(tok.pos, None)
+            message = self._message(leading_dot=False)
+            if message is not None:
+                return message
             name = self._ident()
             paren = self._peek()
             if paren.kind == "op" and paren.text == "(":
@@ -316,6 +319,9 @@ class Parser:
         if tok.kind == "op":
             if tok.text == ".":  # leading dot: root-scoped identifier
                 self.i += 1
+                message = self._message(leading_dot=True)
+                if message is not None:
+                    return message
                 name = self._ident()
                 if self._accept("("):
                     return self._call(name.text, self._args(")"), None, name.pos)
@@ -333,6 +339,34 @@ class Parser:
                 return self._map(tok)
         self._fail(tok, f"Syntax error: mismatched input '{tok.text or '<EOF>'}' expecting an expression")
         raise AssertionError("unreachable")
+
+    def _message(self, leading_dot: bool) -> ast.Node | None:
+        """`a.b.C{field: value, ?opt: value}` (the grammar's CreateMessage: dotted identifiers, then a brace), or
+        None, consuming nothing, when the identifiers are not followed by a brace."""
+        j = self.i
+        while True:
+            if self.tokens[j].kind != "ident":
+                return None
+            after = self.tokens[j + 1]
+            if after.kind == "op" and after.text == "{":
+                break
+            if after.kind != "op" or after.text != ".":
+                return None
+            j += 2
+        names = [self._ident().text]
+        while self._accept("."):
+            names.append(self._ident().text)
+        brace = self._expect("{")
+        fields: list[ast.Field] = []
+        while not self._accept("}"):
+            opt = self._accept("?")
+            name = self._ident()
+            colon = self._expect(":")
+            fields.append(ast.Field(colon.pos, name.text, self._expr(), opt))
+            if not self._accept(","):
+                self._expect("}")
+                break
+        return ast.Struct(brace.pos, "." * leading_dot + ".".join(names), tuple(fields))
 
     def _list(self, start: Token, first_optional: bool = False) -> ast.Node:
         elements: list[ast.Node] = []
@@ -413,7 +447,7 @@ class Parser:
         one_var = {"all": 2, "exists": 2, "exists_one": 2, "filter": 2, "map": 2, "sortBy": 2}
         if name in one_var and n == 2:
             return ast.Comprehension(pos, name, target, self._iteration_var(args[0], name), None, args[1])
-        if name == "optMap" and n == 2:
+        if name in ("optMap", "optFlatMap") and n == 2:
             return ast.Comprehension(pos, name, target, self._var(args[0]), None, args[1])
         if name == "map" and n == 3:
             return ast.Comprehension(pos, "map", target, self._iteration_var(args[0], name), None, args[1], args[2])

@@ -20,7 +20,7 @@ from dra_driver.cel.errors import CelCompileError, CelRuntimeError, CostLimitExc
 from dra_driver.cel.extlib import EXT_DECLS
 from dra_driver.cel.features import Features, active
 from dra_driver.cel.instantiate import instantiation_error
-from dra_driver.cel.interpreter import VARIABLES, Compiler, Fn
+from dra_driver.cel.interpreter import Compiler, Fn
 from dra_driver.cel.keys import KeyPlan, plan_keys
 from dra_driver.cel.parser import parse
 from dra_driver.cel.types import BOOL, DYN
@@ -180,13 +180,11 @@ def build(expression: str, features: Features, env: CheckEnv) -> tuple[Selector,
     # compile.go accepts bool, the attribute type `any`, and `dyn` once attributes may be lists
     if result_type not in (BOOL, ANY) and not (features.list_type_attributes and result_type == DYN):
         raise CelCompileError(f"must evaluate to bool or the unknown type, not {result_type}")
-    failure = instantiation_error(tree)
+    failure = instantiation_error(tree, checker.references)
     if failure is not None:
         raise CelCompileError(f"program instantiation failed: {failure}")
     try:
-        fn, _ = Compiler(expression, checker.resolved).compile(tree, dict(VARIABLES))
-    except CelCompileError as err:
-        raise CelCompileError(f"compilation failed: {err}") from None
+        fn = Compiler(checker).compile(tree)
     except RecursionError:
         raise CelCompileError("compilation failed: expression nesting exceeds the supported depth") from None
     return Selector(expression, fn, plan_keys(tree)), tree, checker

@@ -13,7 +13,7 @@ from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.table import go_quote
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
 from dra_driver.cel.goconv import format_double, scalar_text
-from dra_driver.cel.values import CelType, UInt, type_name
+from dra_driver.cel.values import CelType, UInt, key_of, type_name
 
 STRING_CLAUSE: Final = (
     "error during formatting: string clause can only be used on strings, bools, bytes, ints, doubles, maps, "
@@ -71,7 +71,7 @@ def _format_list(items: list[Any]) -> str:
 
 
 def _format_map(mapping: dict[Any, Any]) -> str:
-    entries = sorted((_key_literal(key), _literal(value)) for key, value in mapping.items())
+    entries = sorted((_key_literal(key_of(key)), _literal(value)) for key, value in mapping.items())
     return "{" + ", ".join(f"{key}:{value}" for key, value in entries) + "}"
 
 

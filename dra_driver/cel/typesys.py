@@ -16,10 +16,19 @@ ERROR: Final = T("*error*")
 TIMESTAMP: Final = T("google.protobuf.Timestamp")
 DURATION: Final = T("google.protobuf.Duration")
 _PRIMITIVES: Final = frozenset({"bool", "int", "uint", "double", "string", "bytes", TIMESTAMP.kind, DURATION.kind})
-_STRUCTS: Final = frozenset({"kubernetes.DRADevice"})
+_STRUCTS: Final = frozenset({"kubernetes.DRADevice", "google.protobuf.Empty"})
 _LEGACY_NULLABLE: Final = frozenset({"opaque", "struct", "any"})
 
 Mapping = dict[str, T]
+
+
+def wrapper_of(prim: T) -> T:
+    """A protobuf wrapper type (`google.protobuf.Int64Value`): the primitive, or null."""
+    return T("wrapper", (prim,))
+
+
+def _unwrap(t: T) -> T:
+    return t.params[0] if t.kind == "wrapper" else t
 
 
 def kind(t: T) -> str:
@@ -28,7 +37,7 @@ def kind(t: T) -> str:
         return k
     if k.startswith("?"):
         return "param"
-    if k in _PRIMITIVES:
+    if k in _PRIMITIVES or k == "wrapper":
         return "prim"
     if k == "null_type":
         return "null"
@@ -111,7 +120,7 @@ def _valid_substitution(m: Mapping, t1: T, t2: T) -> tuple[bool, bool]:
 
 
 def _nullable(t: T) -> bool:
-    return kind(t) in _LEGACY_NULLABLE or t.kind in (TIMESTAMP.kind, DURATION.kind, "null_type", "dyn")
+    return kind(t) in _LEGACY_NULLABLE or t.kind in (TIMESTAMP.kind, DURATION.kind, "null_type", "dyn", "wrapper")
 
 
 def _assignable(m: Mapping, t1: T, t2: T) -> bool:
@@ -130,7 +139,9 @@ def _assignable(m: Mapping, t1: T, t2: T) -> bool:
         return _nullable(t2)
     if k2 == "null":
         return _nullable(t1)
-    if k1 in ("prim", "struct", "any"):
+    if k1 == "prim":  # a wrapper is its primitive's kind and name (cel-go's Type.defaultIsAssignableType)
+        return _unwrap(t1) == _unwrap(t2)
+    if k1 in ("struct", "any"):
         return t1 == t2
     if k1 == "type":
         return k2 == "type"

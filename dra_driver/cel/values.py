@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from dra_driver.cel.errors import EvalError, GoPanic
-from dra_driver.cel.ext import CIDR, IP, URL, NamedFormat
+from dra_driver.cel.ext import CIDR, IP, URL, Duration, NamedFormat, Timestamp
 from dra_driver.cel.ext import TYPE_NAMES as _EXT_NAMES
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import Semver
@@ -59,11 +59,16 @@ class Optional:
 NONE: Final = Optional(False)
 
 
-class DomainMap(dict[str, dict[str, Any]]):
+class NativeMap(dict[str, Any]):
+    """A map of the device (its attributes or capacities, all of a domain): a Go map with string keys, whose Find
+    takes a key of another type as absent (a literal map, keyed by any value, hashes it: see `GoKey`)."""
+
+
+class DomainMap(NativeMap):
     """`device.attributes` / `device.capacity`: an unknown domain reads as an empty map (compile.go's Find)."""
 
-    def __missing__(self, key: str) -> dict[str, Any]:
-        return {}
+    def __missing__(self, key: str) -> NativeMap:
+        return NativeMap()
 
 
 class Device:
@@ -164,7 +169,7 @@ def cel_equal(left: Any, right: Any) -> bool:
         if len(left) != len(right):
             return False
         for key, val in left.items():
-            other = _lookup(right, key)
+            other = map_get(right, key_of(key))
             if other is _MISSING or not cel_equal(val, other):
                 return False
         return True
@@ -203,7 +208,7 @@ def value_equals(left: Any, right: Any) -> bool | None:
         if not isinstance(right, dict) or len(left) != len(right):
             return False
         for key, val in left.items():
-            other = _lookup(right, key)
+            other = map_get(right, key_of(key))
             if other is _MISSING or equals(val, other) is False:
                 return False
         return True
@@ -276,27 +281,70 @@ def set_contains(keys: frozenset[tuple[str, Any]], value: Any) -> bool:
 _MISSING: Final = object()
 
 
-def _lookup(mapping: dict[Any, Any], key: Any) -> Any:
-    """Map lookup honouring CEL key equality: bool keys never match numeric keys and vice versa."""
-    if isinstance(key, bool):
-        for k, v in mapping.items():
-            if isinstance(k, bool) and k == key:
-                return v
-        return _MISSING
-    if key in mapping:  # a double key is looked up as the int or uint it converts to losslessly: exactly
-        for k, v in mapping.items():
-            if not isinstance(k, bool) and (k == key if is_number(key) else cel_equal(k, key)):
-                return v
-    return _MISSING
+class GoKey:
+    """A map key other than a string, as cel-go's map literal holds it: a Go map keyed by `ref.Val` interfaces, so
+    two keys are one only with the same type and equal values (1, 1u, 1.0 and true are four keys; -0.0 is 0.0,
+    NaN never equals itself); a list, map, optional or Quantity is a pointer, equal only to itself; bytes cannot be
+    hashed (a Go panic). Strings, the keys of every map a device holds, are stored as they are."""
+
+    __slots__ = ("identity", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.identity = _identity(value)
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GoKey) or self.value != self.value:  # NaN
+            return False
+        return self.identity == other.identity
+
+
+def _identity(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, bool | int | float | str | Duration | Timestamp | CelType) or value is None:
+        return (type_name(value), value)
+    if isinstance(value, Optional) and not value.has_value:
+        return ("optional_type",)  # optional.none() is one value in cel-go
+    if isinstance(value, IP | CIDR):
+        return (type_name(value), str(value))  # Go structs of netip values
+    unhashable = _UNHASHABLE.get(type(value))
+    if unhashable is not None:
+        raise GoPanic(f"hash of unhashable type {unhashable}")
+    return ("pointer", id(value))
+
+
+def map_key(key: Any) -> Any:
+    """How a map stores `key` (see `GoKey`); `key_of` gives it back."""
+    return key if type(key) is str else GoKey(key)
+
+
+def key_of(stored: Any) -> Any:
+    return stored.value if type(stored) is GoKey else stored
 
 
 def map_get(mapping: dict[Any, Any], key: Any) -> Any:
-    """`_MISSING` when absent; the fast path covers string keys, the only kind DRA devices carry."""
+    """cel-go's map Find: the key itself, else a number as the other integer type it converts to losslessly (a
+    double as an int, then as a uint; an int as a uint; a uint as an int). `_MISSING` when absent."""
     if type(key) is str:
         return mapping.get(key, _MISSING)  # .get() bypasses DomainMap.__missing__, so `in`/has() stay false
-    if isinstance(key, float) and not key.is_integer():
+    if isinstance(mapping, NativeMap):
         return _MISSING
-    return _lookup(mapping, key)
+    value = mapping.get(GoKey(key), _MISSING)
+    if value is not _MISSING or isinstance(key, bool):
+        return value
+    if isinstance(key, float):
+        if key.is_integer() and -(2.0**63) <= key < 2.0**63:
+            value = mapping.get(GoKey(int(key)), _MISSING)
+        if value is _MISSING and key.is_integer() and 0 <= key < 2.0**64:
+            value = mapping.get(GoKey(UInt(int(key))), _MISSING)
+    elif isinstance(key, UInt):
+        if key <= 2**63 - 1:
+            value = mapping.get(GoKey(int(key)), _MISSING)
+    elif isinstance(key, int) and key >= 0:
+        value = mapping.get(GoKey(UInt(key)), _MISSING)
+    return value
 
 
 def is_missing(value: Any) -> bool:

@@ -110,6 +110,17 @@ class Duration:
     def compare(self, other: Duration) -> int:
         return (self.nanos > other.nanos) - (self.nanos < other.nanos)
 
+    @classmethod
+    def from_proto(cls, seconds: int, nanos: int) -> Duration:
+        """durationpb's AsDuration, as cel-go converts a `google.protobuf.Duration` message: beyond the int64
+        nanoseconds of a Go time.Duration it saturates by the sign of `seconds`."""
+        total = seconds * _NANOS + nanos
+        if not _INT64_MIN <= seconds * _NANOS <= _INT64_MAX or not _INT64_MIN <= total <= _INT64_MAX:
+            if seconds:
+                return cls(_INT64_MAX if seconds > 0 else _INT64_MIN)
+            return cls(total)  # nanos alone (an int32) always fit
+        return cls(total)
+
     def _float(self, unit: int) -> float:
         """Go's Hours()/Minutes()/Seconds(): whole units plus the float remainder, truncating division."""
         whole = abs(self.nanos) // unit * (1 if self.nanos >= 0 else -1)
@@ -176,6 +187,15 @@ class Timestamp:
             return text + "Z"
         sign, minutes = ("-" if self.offset < 0 else "+"), abs(self.offset) // 60
         return f"{text}{sign}{minutes // 60:02d}:{minutes % 60:02d}"
+
+    @classmethod
+    def from_proto(cls, seconds: int, nanos: int) -> Timestamp:
+        """timestamppb's AsTime, as cel-go converts a `google.protobuf.Timestamp` message: Go's time.Unix, which
+        carries the nanoseconds into the seconds, with no range check (a literal may lie beyond year 9999)."""
+        seconds, nanos = seconds + nanos // _NANOS, nanos % _NANOS
+        stamp = object.__new__(cls)
+        stamp.seconds, stamp.nanos, stamp.offset = seconds, nanos, 0
+        return stamp
 
     def compare(self, other: Timestamp) -> int:
         left, right = (self.seconds, self.nanos), (other.seconds, other.nanos)
