@@ -10,6 +10,7 @@ import pytest
 
 from dra_driver.allocation.allocator import AllocationError, Allocator
 from dra_driver.allocation.simulate import simulate
+from dra_driver.cel.features import KUBERNETES_1_36, KUBERNETES_1_37
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices
@@ -427,6 +428,35 @@ def test_consumable_capacity_and_share_ids() -> None:
         ),
     )
     assert small.allocation["devices"]["results"] == [{"request": "r", "driver": D, "pool": "p", "device": "exclusive"}]
+
+
+def test_all_mode_on_a_shared_device_with_too_little_left_fails_since_1_37() -> None:
+    """1.37's `All` lists every device whose capacity could fit the request, so a shared device another claim has
+    half consumed fails it; 1.36 left that device out and allocated the others."""
+    half = claim(
+        "half", req("r", "any", 1, "device.allowMultipleAllocations", capacity={"requests": {"memory": "21Gi"}})
+    )
+    every = claim("all", req("r", "any", None, allocationMode="All", capacity={"requests": {"memory": "21Gi"}}))
+    slices = [shared_slice()]
+    slices[0]["spec"]["devices"][1]["capacity"]["memory"]["value"] = "32Gi"  # the exclusive device fits 21Gi too
+    for release, got in ((KUBERNETES_1_37, None), (KUBERNETES_1_36, ["exclusive"])):
+        alloc = Allocator(slices, [ANY], features=release)
+        (first,) = alloc.allocate([half], "node-a") or ()
+        alloc.state.add(first.to_api())
+        results = alloc.allocate([every], "node-a")
+        assert (results and devices_of(results[0].to_api())) == got, release
+
+
+def test_a_device_taint_rule_without_a_selector_taints_nothing_since_1_37() -> None:
+    rule = {
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "r"},
+        "spec": {"taint": {"key": "k", "effect": "NoSchedule"}},
+    }
+    wanted = [claim("c", req("r", "any"))]
+    for release, allocated in ((KUBERNETES_1_37, True), (KUBERNETES_1_36, False)):
+        alloc = Allocator([rslice([dev("d0")])], [ANY], taint_rules=[rule], features=release)
+        assert (alloc.allocate(wanted, "node-a") is not None) == allocated, release
 
 
 def test_distinct_attribute_keeps_shared_device_apart() -> None:

@@ -1,4 +1,4 @@
-"""Allocator differential on seeded random input: ours and the 1.36 scheduler's allocator
+"""Allocator differential on seeded random input: ours and the 1.37 scheduler's allocator
 (k8s.io/dynamic-resource-allocation/structured through tools/allocbench, DeviceTaintRules applied by the scheduler's
 own ResourceSlice tracker) must give every claim the same node, devices, consumed capacity, binding conditions and
 node selector, and fail the same claims. The scenarios (tests/alloc_generator.py) mix device taints and
@@ -26,6 +26,9 @@ def _features(inp: dict[str, Any]) -> Counter[str]:
     devices = [d for s in inp["slices"] for d in s["spec"].get("devices") or []]
     seen["device taints"] += any(d.get("taints") for d in devices)
     seen["DeviceTaintRules"] += bool(inp["deviceTaintRules"])
+    seen["DeviceTaintRules without a selector"] += any(
+        "deviceSelector" not in r["spec"] for r in inp["deviceTaintRules"]
+    )
     seen["binding conditions"] += any(d.get("bindingConditions") for d in devices)
     seen["binding feature off"] += not inp["features"]["DeviceBindingAndStatus"]
     seen["shared counters"] += any(d.get("consumesCounters") for d in devices)

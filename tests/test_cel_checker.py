@@ -10,7 +10,7 @@ import pytest
 from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, Features, compile_selector, configure
 from dra_driver.cel.decls import declarations, parse_type
 from dra_driver.cel.extlib import EXT_DECLS
-from dra_driver.cel.features import KUBERNETES_1_36
+from dra_driver.cel.features import KUBERNETES_1_37
 from dra_driver.cel.library import REGISTRY
 from dra_driver.cel.types import T
 
@@ -145,7 +145,7 @@ def test_runtime_errors_agree_with_kubernetes(expression: str, message: str) -> 
 def list_attributes() -> Iterator[None]:
     configure(Features(list_type_attributes=True))
     yield
-    configure(KUBERNETES_1_36)
+    configure(KUBERNETES_1_37)
 
 
 def _list_device() -> CelDevice:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dra_driver.allocation.cli import add_subcommand as add_simulate
-from dra_driver.cel import KUBERNETES_1_36
+from dra_driver.cel import KUBERNETES_1_37
 from dra_driver.cel.cli import add_subcommand as add_cel
 from dra_driver.cel.features import active
 from tests.test_alloc_allocator import ANY, D, claim, cls, dev, req, rslice
@@ -51,7 +51,7 @@ def test_cel_eval_follows_kubernetes_semantics(tmp_path: Path, capsys: pytest.Ca
 
 def test_cel_eval_feature_gates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expr = f'device.attributes["{D}"].model == "H100"'
-    # 1.36 default: DRAListTypeAttributes off, so any selector fails on a device with a list attribute
+    # DRAListTypeAttributes is off by default (1.37 as 1.36), so any selector fails on a device with a list attribute
     assert cel_eval(tmp_path, expr, LIST_DEVICE) == 2
     assert "attribute links: unsupported attribute value" in capsys.readouterr().err
     assert (
@@ -65,7 +65,7 @@ def test_cel_eval_feature_gates(tmp_path: Path, capsys: pytest.CaptureFixture[st
         == 0
     )
     assert capsys.readouterr().out == "true\n"
-    assert active() == KUBERNETES_1_36  # the gates apply to that one evaluation
+    assert active() == KUBERNETES_1_37  # the gates apply to that one evaluation
     assert cel_eval(tmp_path, expr, LIST_DEVICE, "--feature-gates", "DRAListTypeAttributes=maybe") == 2
     assert "bad feature gate" in capsys.readouterr().err
 
@@ -140,7 +140,7 @@ def test_simulate_feature_gates_are_cel_evals(tmp_path: Path, capsys: pytest.Cap
     assert code == 3 and "undeclared reference to 'includes'" in text  # gated off for a new claim
     code, text = simulate(tmp_path, expr, {"profile": "1g.10gb"}, "--feature-gates", "DRAListTypeAttributes=true")
     assert code == 0 and "claim ns/a: allocated on node-a" in text
-    assert active() == KUBERNETES_1_36  # for that run only
+    assert active() == KUBERNETES_1_37  # for that run only
     assert simulate(tmp_path, "true", {}, "--feature-gates", "DRAListTypeAttributes=maybe")[0] == 1
     assert "bad feature gate" in capsys.readouterr().err
 

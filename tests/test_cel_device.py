@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dra_driver.cel import (
-    KUBERNETES_1_36,
+    KUBERNETES_1_37,
     CelCompileError,
     CelDevice,
     CelRuntimeError,
@@ -165,11 +165,11 @@ def test_from_slice_device_on_simulated_dgx_h100() -> None:
 
 
 def test_list_attributes_and_includes() -> None:
-    configure(Features(list_type_attributes=True))  # DRAListTypeAttributes is alpha, off in 1.36
+    configure(Features(list_type_attributes=True))  # DRAListTypeAttributes is alpha, off in 1.36 and 1.37
     try:
         _check_list_attributes()
     finally:
-        configure(KUBERNETES_1_36)
+        configure(KUBERNETES_1_37)
 
 
 def _check_list_attributes() -> None:
@@ -237,4 +237,4 @@ def test_fast_conversion_agrees_with_the_general_rule(attributes: dict[str, Any]
             assert {d: {i: v for i, (v, _) in ids.items()} for d, ids in expected.items()} == dict(device.attributes)
             assert {d: {i: r for i, (_, r) in ids.items()} for d, ids in expected.items()} == raw["attributes"]
     finally:
-        configure(KUBERNETES_1_36)
+        configure(KUBERNETES_1_37)

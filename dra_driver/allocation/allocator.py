@@ -40,6 +40,7 @@ from dra_driver.api.claim import (
 from dra_driver.api.deviceclass import DeviceClass, DeviceSelector
 from dra_driver.api.quantity import format_quantity
 from dra_driver.cel import CelCompileError, CelRuntimeError, compile_selector
+from dra_driver.cel.features import Features, active
 
 DEFAULT_MAX_STEPS = 200_000
 
@@ -81,11 +82,14 @@ class Allocator:
         max_steps: int = DEFAULT_MAX_STEPS,
         taint_rules: Iterable[Mapping[str, Any]] = (),
         binding_conditions: bool = True,
+        features: Features | None = None,
     ) -> None:
         """`taint_rules`: DeviceTaintRules, whose taints the devices carry as the scheduler's slice tracker adds them;
-        `binding_conditions`: the scheduler's DeviceBindingAndStatus feature (on in 1.36: devices with binding
-        conditions may be allocated and their results carry them; off: such devices are never picked)."""
-        self.slices = apply_taint_rules([dict(s) for s in slices], list(taint_rules))
+        `binding_conditions`: the scheduler's DeviceBindingAndStatus feature (on in 1.36 and 1.37: devices with
+        binding conditions may be allocated and their results carry them; off: such devices are never picked);
+        `features`: the release whose scheduler to follow (default: the configured one)."""
+        self.features = features or active()
+        self.slices = apply_taint_rules([dict(s) for s in slices], list(taint_rules), self.features.minor)
         self.binding_conditions = binding_conditions
         self.classes = {c.metadata.name: c for c in (DeviceClass.model_validate(c) for c in classes)}
         self.state: AllocatedState = allocated_state(allocated)
@@ -183,7 +187,12 @@ class Allocator:
                     f"claim {claim.key}, request {shown}: asks for all devices, "
                     f"but resource pool {pool.id} is currently invalid"
                 )
-            data.all_devices.extend(d for d in pool.devices if search.selectable(data, d) and search.fits(data, d))
+            # 1.37 lists the devices whose capacity could fit the request (a device with too little left then
+            # fails the request); 1.36 only those with enough left
+            static = self.features.minor >= 37
+            data.all_devices.extend(
+                d for d in pool.devices if search.selectable(data, d) and search.fits(data, d, static=static)
+            )
         data.num_devices = len(data.all_devices)
         return data
 
@@ -275,22 +284,28 @@ class _Search:
     def _picked(self, device: PoolDevice) -> bool:
         return any(n > 0 for n in self.allocating.get(device.key, Counter()).values())
 
-    def fits(self, data: RequestData, device: PoolDevice) -> bool:
-        """CmpRequestOverCapacity: the request's capacity fits what the device has left (`All` lists only those)."""
+    def fits(self, data: RequestData, device: PoolDevice, *, static: bool = False) -> bool:
+        """CmpRequestOverCapacity: the request's capacity fits what the device has left, or (`static`) what it
+        has when nothing is consumed."""
         try:
-            self.capacity_for(data, device)
+            self.capacity_for(data, device, static=static)
         except CapacityMismatch:
             return False
         return True
 
-    def capacity_for(self, data: RequestData, device: PoolDevice) -> dict[str, Fraction] | None:
-        """Consumed capacity (shared devices), {} for exclusive ones; CapacityMismatch when it does not fit."""
+    def capacity_for(
+        self, data: RequestData, device: PoolDevice, *, static: bool = False
+    ) -> dict[str, Fraction] | None:
+        """Consumed capacity (shared devices), {} for exclusive ones; CapacityMismatch when it does not fit (in what
+        is left, or, `static`, in the device's capacity)."""
         requests = data.spec.capacity.requests if data.spec.capacity else {}
         if not requests and not device.allow_multiple:
             return {}
         amounts = consumed_capacity(requests, device.capacity, device.driver, device.allow_multiple)
         if not device.allow_multiple or data.admin:
             return {}
+        if static:
+            return amounts
         base = self.alloc.state.shared.get(device.key, {})
         extra = self.shared_used.get(device.key, {})
         for name, amount in amounts.items():
