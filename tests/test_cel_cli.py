@@ -51,19 +51,14 @@ def test_cel_eval_follows_kubernetes_semantics(tmp_path: Path, capsys: pytest.Ca
 
 def test_cel_eval_feature_gates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expr = f'device.attributes["{D}"].model == "H100"'
-    # DRAListTypeAttributes is off by default (1.37 as 1.36), so any selector fails on a device with a list attribute
-    assert cel_eval(tmp_path, expr, LIST_DEVICE) == 2
+    # 1.36 with DRAListTypeAttributes off (its default): any selector fails on a device with a list attribute
+    assert cel_eval(tmp_path, expr, LIST_DEVICE, "--kubernetes-version", "1.36") == 2
     assert "attribute links: unsupported attribute value" in capsys.readouterr().err
-    assert (
-        cel_eval(
-            tmp_path,
-            f'device.attributes["{D}"].links.exists(x, x == 2)',
-            LIST_DEVICE,
-            "--feature-gates",
-            "DRAListTypeAttributes=true",
-        )
-        == 0
-    )
+    # 1.37's scheduler reads lists whatever the gate; the API server takes them in a new selector only with it
+    links = f'device.attributes["{D}"].links.exists(x, x == 2)'
+    assert cel_eval(tmp_path, links, LIST_DEVICE) == 4
+    assert capsys.readouterr().out == "true\n"
+    assert cel_eval(tmp_path, links, LIST_DEVICE, "--feature-gates", "DRAListTypeAttributes=true") == 0
     assert capsys.readouterr().out == "true\n"
     assert active() == KUBERNETES_1_37  # the gates apply to that one evaluation
     assert cel_eval(tmp_path, expr, LIST_DEVICE, "--feature-gates", "DRAListTypeAttributes=maybe") == 2

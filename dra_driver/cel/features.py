@@ -19,8 +19,16 @@ class Features:
     consumable_capacity: bool = True
     list_type_attributes: bool = False  # DRAListTypeAttributes (alpha, off in 1.36 and 1.37): list attributes
     # The minor release whose ungated behaviour to follow where 1.37 changed it (a 1.36 cluster's scheduler still
-    # behaves the old way): the allocator's `All` capacity check, DeviceTaintRules without a device selector.
+    # behaves the old way): the allocator's `All` capacity check, DeviceTaintRules without a device selector, the
+    # scheduler's list attributes (`list_values`).
     minor: int = 37
+
+    @property
+    def list_values(self) -> bool:
+        """Whether the scheduler reads list attributes as lists, and types attribute values `dyn`: with
+        DRAListTypeAttributes, and whatever the gate since 1.37 (compile.go converts every list, and its
+        StoredExpressions environment keeps the last device declaration, the list-typed one)."""
+        return self.list_type_attributes or self.minor >= 37
 
 
 KUBERNETES_1_37: Final = Features()
