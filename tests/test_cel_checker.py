@@ -115,14 +115,28 @@ def test_1_37_ranges_over_an_attribute_at_runtime() -> None:
     assert runtime_error('device.attributes["x"].y.exists(v, v)') == "no such key: y"
 
 
+def test_duration_of_an_int_is_undeclared_since_1_37() -> None:
+    assert "found no matching overload for 'duration' applied to '(int)'" in compile_error(
+        "duration(1) > duration('0s')"
+    )
+
+
+def test_1_36_declares_duration_of_an_int_that_always_fails(kubernetes_1_36: None) -> None:
+    message = "type conversion error from 'int' to 'google.protobuf.Duration'"
+    assert runtime_error("duration(size(device.driver)) > duration('0s')") == message
+
+
 def test_output_type_must_be_bool_or_the_attribute_type() -> None:
     assert run("dyn(true)")  # since 1.37, the attribute type is dyn
+    assert run("google.protobuf.BoolValue{value: true}")  # cel-go's IsExactType takes a bool wrapper for bool
     assert compile_error('device.attributes["x"]') == "must evaluate to bool or the unknown type, not map(string, dyn)"
     assert run('device.attributes["gpu.example.com"].model != ""')
 
 
 def test_1_36_output_type_must_be_bool_or_any(kubernetes_1_36: None) -> None:
     assert compile_error("dyn(true)") == "must evaluate to bool or the unknown type, not dyn"
+    message = "must evaluate to bool or the unknown type, not wrapper(bool)"
+    assert compile_error("google.protobuf.BoolValue{value: true}") == message
     assert run('device.attributes["gpu.example.com"].model != ""')
 
 
@@ -151,13 +165,17 @@ def test_parser_limits_follow_cel_go() -> None:
         '!isSemver("99999999999999999999.0.0")',
         "cel.bind(x, 1/0, true)",  # a bind's value is lazy
         "cel.bind(y, 5, cel.bind(x, y, [1].all(y, x == 5)))",  # ... and sees the variables of the bind
-        '"abc".indexOf("a", 4) == -1 && "abc".indexOf("", 7) == 7',
+        '"abc".indexOf("a", 4) == -1 && "abc".indexOf("", 7) == 3 && "abc".lastIndexOf("", 9) == 3',  # cel-go 0.29
         '"%.2f".format([2147483648.25]) == "2,147,483,648.25"',
         '"%e".format([1234.5]) == "1.234500\\u00d710\\u2070\\u00b3"',
     ],
 )
 def test_semantics_agree_with_kubernetes(expression: str) -> None:
     assert run(expression)
+
+
+def test_1_36_finds_the_empty_string_at_any_offset(kubernetes_1_36: None) -> None:
+    assert run('"abc".indexOf("", 7) == 7 && "abc".lastIndexOf("", 9) == 9')
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """`dra-driver cel eval` and `dra-driver simulate` give Kubernetes' verdicts: both compile through `compile_selector`
-(type checker, feature gates), so the checker's compile errors, the gates and 1.36's semantics reach their output,
-and both say when the API server would refuse a selector in a new object (estimated cost over the limit, or gated
-off). The expected texts and outcomes are Kubernetes 1.36.3's (tools/celeval, default and -estimate modes), as in
-tests/cel_corpus/handwritten.py."""
+(type checker, feature gates, release), so the checker's compile errors, the gates and 1.37's (or 1.36's) semantics
+reach their output, and both say when the API server would refuse a selector in a new object (estimated cost over the
+limit, or gated off). The expected texts and outcomes are Kubernetes 1.37.2's (1.36.3's with --kubernetes-version
+1.36; tools/celeval, default and -estimate modes), as in tests/cel_corpus/handwritten.py."""
 
 from __future__ import annotations
 

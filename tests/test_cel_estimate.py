@@ -19,7 +19,7 @@ from typing import Final
 
 import pytest
 
-from dra_driver.cel import KUBERNETES_1_36, CelCompileError, Features
+from dra_driver.cel import KUBERNETES_1_37, CelCompileError, Features
 from dra_driver.cel.estimate import TOO_COMPLEX, check_new_selector, estimate_cost
 from dra_driver.cel.program import MAX_EXPRESSION_LENGTH
 from tests.cel_corpus.devices import named_devices
@@ -32,7 +32,7 @@ from tests.test_cel_differential import celeval  # noqa: F401  (the fixture: the
 SEED: Final = 13
 GENERATED: Final = 3000
 GATES: Final = {  # label → (our features, celeval's flags)
-    "1.36 gates": (KUBERNETES_1_36, ()),
+    "1.37 gates": (KUBERNETES_1_37, ()),
     "DRAListTypeAttributes=true": (Features(list_type_attributes=True), ("-list-type-attributes=true",)),
     "DRAConsumableCapacity=false": (Features(consumable_capacity=False), ("-consumable-capacity=false",)),
 }
@@ -86,7 +86,7 @@ def test_estimate_agrees_with_kubernetes_on_the_hand_written_selectors(
     report_table: Callable[[str, str], None],
 ) -> None:
     differential = sorted({expression for _, expression, *_ in handwritten()})
-    lines, wrong = _compare(celeval, "hand-written corpus", differential, "1.36 gates")
+    lines, wrong = _compare(celeval, "hand-written corpus", differential, "1.37 gates")
     corners = [expression for _, expression in ESTIMATE_CASES]
     for gates in GATES:
         more_lines, more_wrong = _compare(celeval, "estimator corpus", corners, gates)
@@ -100,7 +100,7 @@ def test_estimate_agrees_with_kubernetes_on_generated_selectors(
     report_table: Callable[[str, str], None],
 ) -> None:
     expressions = [expression for _, expression, _ in generate(SEED, GENERATED)]
-    lines, wrong = _compare(celeval, f"generated (seed {SEED})", expressions, "1.36 gates")
+    lines, wrong = _compare(celeval, f"generated (seed {SEED})", expressions, "1.37 gates")
     _report(report_table, lines)
     assert not wrong, "\n".join(wrong)
 

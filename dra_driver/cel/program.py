@@ -152,7 +152,7 @@ def expression_length_error(expression: str) -> str | None:
 
 @cache
 def _environment(features: Features) -> CheckEnv:
-    return dra_env(features.list_values, EXT_DECLS)
+    return dra_env(features.list_values, EXT_DECLS, minor=features.minor)
 
 
 def build_environment() -> None:
@@ -168,10 +168,13 @@ def _compile(expression: str, features: Features) -> Selector | CelCompileError:
 
 
 def _results(features: Features, env: CheckEnv) -> tuple[T, ...]:
-    """The result types compile.go accepts: bool and the environment's attribute type (1.37's validateOutputType);
-    1.36 also took `any` where attributes are `dyn`."""
+    """The result types compile.go accepts: bool and the environment's attribute type, by cel-go's IsExactType in
+    1.37 (which a bool wrapper passes: its kind and name are bool's); 1.36 compared types by identity, and also took
+    `any` where attributes are `dyn`."""
     attribute = env.fields[DEVICE.kind]["attributes"].param(1).param(1)
-    return (BOOL, attribute) if features.minor >= 37 else (BOOL, ANY, attribute)
+    if features.minor >= 37:
+        return BOOL, attribute, T("wrapper", (BOOL,))
+    return BOOL, ANY, attribute
 
 
 def build(expression: str, features: Features, env: CheckEnv) -> tuple[Selector, ast.Node, Checker]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from dra_driver.cel import KUBERNETES_1_36, CelCompileError, CelDevice, CelRuntimeError, Features, ast, compile_selector
+from dra_driver.cel import KUBERNETES_1_37, CelCompileError, CelDevice, CelRuntimeError, Features, ast, compile_selector
 from dra_driver.cel.checker import check, dra_env
 from dra_driver.cel.estimate import check_new_selector
 from dra_driver.cel.extlib import EXT_DECLS
@@ -21,7 +21,7 @@ from dra_driver.cel.parser import parse
 
 # The release of tools/celeval's pin (k8s.io/dynamic-resource-allocation v0.36.3): ours runs as that release where
 # the two are compared, whatever our default.
-REFERENCE: Final = KUBERNETES_1_36
+REFERENCE: Final = KUBERNETES_1_37
 
 
 @contextmanager
