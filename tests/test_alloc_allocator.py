@@ -175,9 +175,9 @@ def test_all_mode_and_config_sources(h100: list[dict[str, Any]]) -> None:
     )
     (out,) = one(h100, [gpu], c)
     assert devices_of(out.allocation) == [f"gpu-{i}" for i in range(8)]
-    assert out.allocation["devices"]["config"] == [
-        {"source": "FromClass", "requests": ["g"], "opaque": {"driver": D, "parameters": {"sharing": "time-slicing"}}},
-        {"source": "FromClaim", "requests": ["g"], "opaque": {"driver": D, "parameters": {"x": 1}}},
+    assert out.allocation["devices"]["config"] == [  # both for the claim's only request: no request named (1.37)
+        {"source": "FromClass", "opaque": {"driver": D, "parameters": {"sharing": "time-slicing"}}},
+        {"source": "FromClaim", "opaque": {"driver": D, "parameters": {"x": 1}}},
     ]
     # All mode needs every matching device: one in use makes it fail.
     taken = {"devices": {"results": [{"request": "r", "driver": D, "pool": "node-a", "device": "gpu-5"}]}}
@@ -195,6 +195,19 @@ def test_all_mode_and_config_sources(h100: list[dict[str, Any]]) -> None:
         ),
     )
     assert none.allocation is None
+
+
+def test_claim_config_is_added_once_and_names_no_request_when_it_covers_all_since_1_37(
+    h100: list[dict[str, Any]],
+) -> None:
+    opaque = {"driver": D, "parameters": {"x": 1}}
+    c = claim("two", req("a"), req("b"), config=[{"requests": ["a", "b"], "opaque": opaque}])
+    for release, configs in (
+        (KUBERNETES_1_37, [{"source": "FromClaim", "opaque": opaque}]),
+        (KUBERNETES_1_36, [{"source": "FromClaim", "requests": ["a", "b"], "opaque": opaque}] * 2),
+    ):
+        (result,) = Allocator(h100, [GPU], features=release).allocate([c], "node-a") or ()
+        assert result.to_api()["devices"]["config"] == configs, release
 
 
 def test_first_available_falls_back_to_the_next_subrequest(h100: list[dict[str, Any]]) -> None:
@@ -218,7 +231,7 @@ def test_first_available_falls_back_to_the_next_subrequest(h100: list[dict[str, 
     (result,) = out.allocation["devices"]["results"]
     assert result["request"] == "r/big-mig" and result["device"] == "gpu-0-mig-7g80gb-0-0"
     assert out.allocation["devices"]["config"] == [
-        {"source": "FromClaim", "requests": ["r/big-mig"], "opaque": {"driver": D, "parameters": {"p": 1}}}
+        {"source": "FromClaim", "opaque": {"driver": D, "parameters": {"p": 1}}}
     ]
     # The first subrequest wins when it fits.
     c["spec"]["devices"]["requests"][0]["firstAvailable"][0]["count"] = 2

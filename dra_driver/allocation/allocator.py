@@ -541,13 +541,16 @@ class _Search:
             if not cfg.requests:
                 configs.append(DeviceAllocationConfiguration(source="FromClaim", requests=[], opaque=cfg.opaque))
                 continue
-            for data in chosen:
-                if data.request in cfg.requests or (data.sub and data.full_name in cfg.requests):
-                    configs.append(
-                        DeviceAllocationConfiguration(
-                            source="FromClaim", requests=list(cfg.requests), opaque=cfg.opaque
-                        )
-                    )
+            named = [data for data in chosen if _names(cfg.requests, data)]
+            # 1.36 adds the config once per request it names, 1.37 once
+            for _ in named[: 1 if self.alloc.features.minor >= 37 else None]:
+                configs.append(
+                    DeviceAllocationConfiguration(source="FromClaim", requests=list(cfg.requests), opaque=cfg.opaque)
+                )
+        if self.alloc.features.minor >= 37:  # a config for every request names none ("empty means all")
+            for config in configs:
+                if config.requests and all(_names(config.requests, data) for data in chosen):
+                    config.requests = []
         out.node_selector = node_selector([p.device for p in self.results[ci]], self.node)
         return out
 
@@ -555,6 +558,11 @@ class _Search:
         if not self.alloc.binding_conditions:
             return None
         return list(device.raw.get(field) or []) or None
+
+
+def _names(requests: Sequence[str], data: RequestData) -> bool:
+    """Whether a config's request list names this request, or the subrequest chosen for it."""
+    return data.request in requests or (bool(data.sub) and data.full_name in requests)
 
 
 def node_selector(devices: Sequence[PoolDevice], node: Node | None = None) -> dict[str, Any] | None:
