@@ -243,12 +243,19 @@ def test_first_available_falls_back_to_the_next_subrequest(h100: list[dict[str, 
 def test_cel_runtime_errors_abort_allocation(h100: list[dict[str, Any]]) -> None:
     bad_class = cls("broken", f"device.attributes['{D}'].noSuchAttribute == 'x'")
     alloc = Allocator(h100, [bad_class, GPU])
-    with pytest.raises(AllocationError, match=r"^class broken: selector #0: CEL runtime error: .*no such key"):
+    # since 1.37 the message names the device, and a missing key gets a hint
+    at = f"on device {D}/node-a/gpu-0: CEL runtime error: no such key: noSuchAttribute. consider using CEL optional"
+    with pytest.raises(AllocationError, match=rf"^class broken: selector #0 {at}"):
         alloc.allocate([claim("c", req("r", "broken"))], "node-a")
-    with pytest.raises(AllocationError, match=r"^claim ns/c: selector #1: CEL runtime error: "):
+    with pytest.raises(AllocationError, match=r"^claim ns/c: selector #1 on device [^:]+: CEL runtime error: "):
         alloc.allocate([claim("c", req("r", "gpu", 1, "true", f"device.attributes['{D}'].nope > 1"))], "node-a")
     (out,) = one(h100, [bad_class], claim("c", req("r", "broken")))
-    assert out.allocation is None and out.error and out.error.startswith("class broken: selector #0: CEL runtime")
+    assert out.allocation is None and out.error and out.error.startswith("class broken: selector #0 on device")
+    old = Allocator(h100, [bad_class], features=KUBERNETES_1_36)
+    with pytest.raises(
+        AllocationError, match=r"^class broken: selector #0: CEL runtime error: no such key: [a-zA-Z]+$"
+    ):
+        old.allocate([claim("c", req("r", "broken"))], "node-a")
 
 
 def test_explanation_counts_selector_rejections(h100: list[dict[str, Any]]) -> None:
@@ -544,3 +551,13 @@ def test_backtracking_finds_the_solution_a_greedy_pick_misses() -> None:
     c = claim("c", req("a", "any", 1), req("b", "any", 1), constraints=[{"matchAttribute": f"{D}/model"}])
     (out,) = one([s], [ANY], c)
     assert devices_of(out.allocation) == ["d1", "d2"]
+
+
+def test_the_claim_limit_is_checked_per_request_since_1_37() -> None:
+    big = claim("big", req("a", "any", 20), req("b", "any", 20))
+    for release, message in (
+        (KUBERNETES_1_37, "claim ns/big, request b: adding 20 devices exceeds the claim limit of 32, with 20 already"),
+        (KUBERNETES_1_36, "claim ns/big: number of requested devices 40 exceeds the claim limit of 32"),
+    ):
+        with pytest.raises(AllocationError, match=f"^{message}"):
+            Allocator([rslice([dev("d0")])], [ANY], features=release).allocate([big], "node-a")

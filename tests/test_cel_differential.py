@@ -21,6 +21,7 @@ from tests.cel_corpus.devices import DEFAULT_DEVICES, named_devices
 from tests.cel_corpus.generator import ATOMS, SHARED, generate
 from tests.cel_corpus.handwritten import cases as handwritten
 from tests.cel_corpus.runner import Case, Outcome, Report, compare, kubernetes, ours
+from tests.gotools import pinned
 from tests.test_cel_ext_support import celeval_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,7 @@ def test_handwritten_corpus_agrees_at_least_as_much_as_the_baseline(
     cases = handwritten_cases()
     report = compare(cases, kubernetes(celeval, cases))
     title = f"CEL differential, hand-written corpus ({len(cases)} cases)"
-    _show(report_table, "CEL differential", report.render(title))
+    _show(report_table, f"CEL differential ({pinned('celeval')})", report.render(title))
     assert report.agreement >= BASELINE_HANDWRITTEN, f"agreement fell below the baseline {BASELINE_HANDWRITTEN}"
 
 
@@ -76,7 +77,7 @@ def test_generated_selectors_agree_at_least_as_much_as_the_baseline(
     assert not flaky, f"order-dependent expressions: {flaky[:5]}"
     report = compare(cases, theirs)
     title = f"CEL differential, generated (seed {SEED}, {len(cases)} cases)"
-    _show(report_table, "CEL differential", report.render(title))
+    _show(report_table, f"CEL differential ({pinned('celeval')})", report.render(title))
     assert report.agreement >= BASELINE_GENERATED, f"agreement fell below the baseline {BASELINE_GENERATED}"
 
 

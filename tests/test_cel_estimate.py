@@ -27,6 +27,7 @@ from tests.cel_corpus.estimate import ESTIMATE_CASES
 from tests.cel_corpus.generator import generate
 from tests.cel_corpus.handwritten import cases as handwritten
 from tests.cel_corpus.runner import Case, Estimate, kubernetes, kubernetes_estimates, our_estimate
+from tests.gotools import pinned
 from tests.test_cel_differential import celeval  # noqa: F401  (the fixture: the built binary, shared)
 
 SEED: Final = 13
@@ -74,7 +75,10 @@ def _compare(binary: Path, title: str, expressions: list[str], gates: str) -> tu
 def _report(report_table: Callable[[str, str], None], lines: list[str]) -> None:
     """All of it in the test's output; the figures and classes (no examples) in the terminal summary."""
     print("\n".join(lines))
-    report_table("CEL estimated cost", "\n".join(line for line in lines if not line.startswith("         ")))
+    report_table(
+        f"CEL estimated cost ({pinned('celeval')})",
+        "\n".join(line for line in lines if not line.startswith("         ")),
+    )
 
 
 def _show(e: Estimate) -> str:

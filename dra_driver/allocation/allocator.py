@@ -130,14 +130,18 @@ class Allocator:
                         self._request(claim, ci, ri, si, req.name, sub.name, sub, pools, search)
                         for si, sub in enumerate(req.first_available)
                     ]
-                    total += min(d.num_devices for d in subs)
                     cd.alternatives.append(subs)
                 elif req.exactly is not None:
-                    data = self._request(claim, ci, ri, -1, req.name, "", req.exactly, pools, search)
-                    total += data.num_devices
-                    cd.alternatives.append([data])
+                    cd.alternatives.append([self._request(claim, ci, ri, -1, req.name, "", req.exactly, pools, search)])
                 else:
                     raise AllocationError(f"claim {claim.key}, request {req.name}: neither exactly nor firstAvailable")
+                least = min(d.num_devices for d in cd.alternatives[-1])
+                if self.features.minor >= 37 and least > MAX_RESULTS - total:  # 1.37 stops at the request
+                    raise AllocationError(
+                        f"claim {claim.key}, request {req.name}: adding {least} devices exceeds the claim limit of "
+                        f"{MAX_RESULTS}, with {total} already accounted for"
+                    )
+                total += least
             if total > MAX_RESULTS:
                 raise AllocationError(
                     f"claim {claim.key}: number of requested devices {total} exceeds the claim limit of {MAX_RESULTS}"
@@ -209,10 +213,19 @@ class Allocator:
         return search.run()
 
 
-def selectors_match(selectors: Sequence[DeviceSelector], device: PoolDevice, owner: str) -> tuple[bool, int]:
+_OPTIONAL_HINT = (
+    ". consider using CEL optional chaining (.? followed by orValue())"
+    " or guarding the check with has() for optional fields"
+)
+
+
+def selectors_match(
+    selectors: Sequence[DeviceSelector], device: PoolDevice, owner: str, minor: int = 37
+) -> tuple[bool, int]:
     """(matched, index of the first selector that rejected the device, -1 if none); AllocationError on CEL errors.
 
-    `owner` is `class NAME` or `claim NS/NAME`, as in the scheduler's messages."""
+    `owner` is `class NAME` or `claim NS/NAME`, as in the scheduler's messages; since 1.37 (`minor`) a runtime error
+    names the device and hints at optional access for a missing key (cel.EnhanceRuntimeError)."""
     for i, sel in enumerate(selectors):
         assert sel.cel is not None
         try:
@@ -220,7 +233,12 @@ def selectors_match(selectors: Sequence[DeviceSelector], device: PoolDevice, own
         except CelCompileError as err:
             raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {err}") from None
         except CelRuntimeError as err:
-            raise AllocationError(f"{owner}: selector #{i}: CEL runtime error: {err}") from None
+            if minor < 37:
+                raise AllocationError(f"{owner}: selector #{i}: CEL runtime error: {err}") from None
+            hint = _OPTIONAL_HINT if "no such key:" in str(err) else ""
+            raise AllocationError(
+                f"{owner}: selector #{i} on device {device.id}: CEL runtime error: {err}{hint}"
+            ) from None
         if not ok:
             return False, i
     return True, -1
@@ -257,10 +275,13 @@ class _Search:
         cached = self.matches.get(key)
         if cached is not None:
             return cached
+        minor = self.alloc.features.minor
         ok = (
             (self.alloc.binding_conditions or not device.raw.get("bindingConditions"))
-            and selectors_match(data.device_class.spec.selectors, device, f"class {data.device_class.metadata.name}")[0]
-            and selectors_match(data.spec.selectors, device, f"claim {self.claims[data.claim_index].key}")[0]
+            and selectors_match(
+                data.device_class.spec.selectors, device, f"class {data.device_class.metadata.name}", minor
+            )[0]
+            and selectors_match(data.spec.selectors, device, f"claim {self.claims[data.claim_index].key}", minor)[0]
             and device_visible(device, self.node)
         )
         self.matches[key] = ok
