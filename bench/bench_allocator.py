@@ -1,5 +1,5 @@
 """Allocation of claims on fleets of simulated dgx-h100 nodes (our default partitionable layout), ours
-(dra_driver.allocation) vs the kube-scheduler's structured allocator (tools/allocbench, Go, v0.36.3) on identical
+(dra_driver.allocation) vs the kube-scheduler's structured allocator (tools/allocbench, Go, v0.37.2) on identical
 input; the results must be identical (asserted). A claim per node in a mix of whole GPUs and MIG partitions, each
 claim a pod of its own, tried on the nodes from (i mod nodes) like a scheduler spreading pods: one claim per node, at
 most 200 (--per-node, --max-claims).

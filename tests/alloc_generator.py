@@ -2,12 +2,12 @@
 (tests/test_alloc_differential.py): ours and the scheduler's allocator (tools/allocbench) on the same input.
 
 Each scenario is small (a few nodes, a handful of devices each) so that claims compete for devices and many end
-unallocated, and mixes every feature whose support the 1.36 scheduler's allocator decides: device taints and
-tolerations (NoSchedule, NoExecute and None), DeviceTaintRules selecting by driver, pool or device, binding
-conditions (with bindsToNode), shared counters of partitionable devices, consumable capacity with request policies
-(default, valid values, valid ranges with a step) on devices allocatable several times, `firstAvailable`
-subrequests, `All` mode, CEL selectors, `matchAttribute` and `distinctAttribute` constraints. The objects are as the
-API server stores them (defaults filled in), since the Go allocator does not default.
+unallocated, and mixes every feature whose support the 1.37 scheduler's allocator decides: device taints and
+tolerations (NoSchedule, NoExecute and None), DeviceTaintRules selecting by driver, pool or device (or without a
+selector), binding conditions (with bindsToNode), shared counters of partitionable devices, consumable capacity with
+request policies (default, valid values, valid ranges with a step) on devices allocatable several times,
+`firstAvailable` subrequests, `All` mode, CEL selectors, `matchAttribute` and `distinctAttribute` constraints. The
+objects are as the API server stores them (defaults filled in), since the Go allocator does not default.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ class Scenario:
         rules = []
         for k in range(self.rng.choice((0, 0, 1, 2))):
             selector: dict[str, Any] = {}
-            which = self.rng.choice(("driver", "pool", "device", "pool+device"))
+            which = self.rng.choice(("driver", "pool", "device", "pool+device", "none"))
             if which == "driver":
                 selector["driver"] = self.rng.choice((DRIVER, OTHER_DRIVER))
             if "pool" in which:
@@ -212,12 +212,15 @@ class Scenario:
             taint = {"key": self.rng.choice(TAINT_KEYS), "effect": self.rng.choice(("NoSchedule", "NoExecute", "None"))}
             if self.rng.random() < 0.5:
                 taint["value"] = self.rng.choice(("a", "b"))
+            spec: dict[str, Any] = {"taint": taint}
+            if which != "none":  # without a selector: no device since 1.37 (every device in 1.36)
+                spec["deviceSelector"] = selector
             rules.append(
                 {
-                    "apiVersion": "resource.k8s.io/v1beta2",
+                    "apiVersion": "resource.k8s.io/v1",
                     "kind": "DeviceTaintRule",
                     "metadata": {"name": f"rule-{k}"},
-                    "spec": {"deviceSelector": selector, "taint": taint},
+                    "spec": spec,
                 }
             )
         return rules
@@ -229,16 +232,17 @@ class Scenario:
             "claims": [self.claim(i) for i in range(claims)],
             "nodes": self.nodes,
             "deviceTaintRules": self.taint_rules(),
-            "features": {**FEATURES_1_36, "DeviceBindingAndStatus": self.rng.random() < 0.8},
+            "features": {**FEATURES_1_37, "DeviceBindingAndStatus": self.rng.random() < 0.8},
         }
 
 
-# The 1.36 scheduler's allocator features (tools/allocbench's defaults); the binding one is varied per scenario.
-FEATURES_1_36 = {
+# The 1.37 scheduler's allocator features (tools/allocbench's defaults); the binding one is varied per scenario.
+FEATURES_1_37 = {
     "AdminAccess": True,
     "ConsumableCapacity": True,
     "DeviceBindingAndStatus": True,
     "DeviceTaints": True,
+    "FractionalCapacityRange": True,
     "ListTypeAttributes": False,
     "PartitionableDevices": True,
     "PrioritizedList": True,

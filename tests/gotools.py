@@ -32,3 +32,13 @@ def run_build_script(script: str, *args: str, what: str | None = None, timeout: 
 def built_binary(script: str, what: str | None = None) -> Path:
     """The binary a build script names on its last stdout line."""
     return Path(run_build_script(script, what=what).strip().splitlines()[-1])
+
+
+def pinned(tool: str) -> str:
+    """The Kubernetes library a tools/ module links, as its go.mod pins it (e.g. "dynamic-resource-allocation v0.37.2"),
+    for the titles of the differential tests' summaries."""
+    for line in (ROOT / "tools" / tool / "go.mod").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "k8s.io/dynamic-resource-allocation" and parts[1].startswith("v"):
+            return f"dynamic-resource-allocation {parts[1]}"
+    raise AssertionError(f"tools/{tool}/go.mod pins no k8s.io/dynamic-resource-allocation")

@@ -10,6 +10,7 @@ import pytest
 
 from dra_driver.allocation.allocator import AllocationError, Allocator
 from dra_driver.allocation.simulate import simulate
+from dra_driver.cel.features import KUBERNETES_1_36, KUBERNETES_1_37
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices
@@ -174,9 +175,9 @@ def test_all_mode_and_config_sources(h100: list[dict[str, Any]]) -> None:
     )
     (out,) = one(h100, [gpu], c)
     assert devices_of(out.allocation) == [f"gpu-{i}" for i in range(8)]
-    assert out.allocation["devices"]["config"] == [
-        {"source": "FromClass", "requests": ["g"], "opaque": {"driver": D, "parameters": {"sharing": "time-slicing"}}},
-        {"source": "FromClaim", "requests": ["g"], "opaque": {"driver": D, "parameters": {"x": 1}}},
+    assert out.allocation["devices"]["config"] == [  # both for the claim's only request: no request named (1.37)
+        {"source": "FromClass", "opaque": {"driver": D, "parameters": {"sharing": "time-slicing"}}},
+        {"source": "FromClaim", "opaque": {"driver": D, "parameters": {"x": 1}}},
     ]
     # All mode needs every matching device: one in use makes it fail.
     taken = {"devices": {"results": [{"request": "r", "driver": D, "pool": "node-a", "device": "gpu-5"}]}}
@@ -194,6 +195,19 @@ def test_all_mode_and_config_sources(h100: list[dict[str, Any]]) -> None:
         ),
     )
     assert none.allocation is None
+
+
+def test_claim_config_is_added_once_and_names_no_request_when_it_covers_all_since_1_37(
+    h100: list[dict[str, Any]],
+) -> None:
+    opaque = {"driver": D, "parameters": {"x": 1}}
+    c = claim("two", req("a"), req("b"), config=[{"requests": ["a", "b"], "opaque": opaque}])
+    for release, configs in (
+        (KUBERNETES_1_37, [{"source": "FromClaim", "opaque": opaque}]),
+        (KUBERNETES_1_36, [{"source": "FromClaim", "requests": ["a", "b"], "opaque": opaque}] * 2),
+    ):
+        (result,) = Allocator(h100, [GPU], features=release).allocate([c], "node-a") or ()
+        assert result.to_api()["devices"]["config"] == configs, release
 
 
 def test_first_available_falls_back_to_the_next_subrequest(h100: list[dict[str, Any]]) -> None:
@@ -217,7 +231,7 @@ def test_first_available_falls_back_to_the_next_subrequest(h100: list[dict[str, 
     (result,) = out.allocation["devices"]["results"]
     assert result["request"] == "r/big-mig" and result["device"] == "gpu-0-mig-7g80gb-0-0"
     assert out.allocation["devices"]["config"] == [
-        {"source": "FromClaim", "requests": ["r/big-mig"], "opaque": {"driver": D, "parameters": {"p": 1}}}
+        {"source": "FromClaim", "opaque": {"driver": D, "parameters": {"p": 1}}}
     ]
     # The first subrequest wins when it fits.
     c["spec"]["devices"]["requests"][0]["firstAvailable"][0]["count"] = 2
@@ -229,12 +243,19 @@ def test_first_available_falls_back_to_the_next_subrequest(h100: list[dict[str, 
 def test_cel_runtime_errors_abort_allocation(h100: list[dict[str, Any]]) -> None:
     bad_class = cls("broken", f"device.attributes['{D}'].noSuchAttribute == 'x'")
     alloc = Allocator(h100, [bad_class, GPU])
-    with pytest.raises(AllocationError, match=r"^class broken: selector #0: CEL runtime error: .*no such key"):
+    # since 1.37 the message names the device, and a missing key gets a hint
+    at = f"on device {D}/node-a/gpu-0: CEL runtime error: no such key: noSuchAttribute. consider using CEL optional"
+    with pytest.raises(AllocationError, match=rf"^class broken: selector #0 {at}"):
         alloc.allocate([claim("c", req("r", "broken"))], "node-a")
-    with pytest.raises(AllocationError, match=r"^claim ns/c: selector #1: CEL runtime error: "):
+    with pytest.raises(AllocationError, match=r"^claim ns/c: selector #1 on device [^:]+: CEL runtime error: "):
         alloc.allocate([claim("c", req("r", "gpu", 1, "true", f"device.attributes['{D}'].nope > 1"))], "node-a")
     (out,) = one(h100, [bad_class], claim("c", req("r", "broken")))
-    assert out.allocation is None and out.error and out.error.startswith("class broken: selector #0: CEL runtime")
+    assert out.allocation is None and out.error and out.error.startswith("class broken: selector #0 on device")
+    old = Allocator(h100, [bad_class], features=KUBERNETES_1_36)
+    with pytest.raises(
+        AllocationError, match=r"^class broken: selector #0: CEL runtime error: no such key: [a-zA-Z]+$"
+    ):
+        old.allocate([claim("c", req("r", "broken"))], "node-a")
 
 
 def test_explanation_counts_selector_rejections(h100: list[dict[str, Any]]) -> None:
@@ -429,6 +450,35 @@ def test_consumable_capacity_and_share_ids() -> None:
     assert small.allocation["devices"]["results"] == [{"request": "r", "driver": D, "pool": "p", "device": "exclusive"}]
 
 
+def test_all_mode_on_a_shared_device_with_too_little_left_fails_since_1_37() -> None:
+    """1.37's `All` lists every device whose capacity could fit the request, so a shared device another claim has
+    half consumed fails it; 1.36 left that device out and allocated the others."""
+    half = claim(
+        "half", req("r", "any", 1, "device.allowMultipleAllocations", capacity={"requests": {"memory": "21Gi"}})
+    )
+    every = claim("all", req("r", "any", None, allocationMode="All", capacity={"requests": {"memory": "21Gi"}}))
+    slices = [shared_slice()]
+    slices[0]["spec"]["devices"][1]["capacity"]["memory"]["value"] = "32Gi"  # the exclusive device fits 21Gi too
+    for release, got in ((KUBERNETES_1_37, None), (KUBERNETES_1_36, ["exclusive"])):
+        alloc = Allocator(slices, [ANY], features=release)
+        (first,) = alloc.allocate([half], "node-a") or ()
+        alloc.state.add(first.to_api())
+        results = alloc.allocate([every], "node-a")
+        assert (results and devices_of(results[0].to_api())) == got, release
+
+
+def test_a_device_taint_rule_without_a_selector_taints_nothing_since_1_37() -> None:
+    rule = {
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "r"},
+        "spec": {"taint": {"key": "k", "effect": "NoSchedule"}},
+    }
+    wanted = [claim("c", req("r", "any"))]
+    for release, allocated in ((KUBERNETES_1_37, True), (KUBERNETES_1_36, False)):
+        alloc = Allocator([rslice([dev("d0")])], [ANY], taint_rules=[rule], features=release)
+        assert (alloc.allocate(wanted, "node-a") is not None) == allocated, release
+
+
 def test_distinct_attribute_keeps_shared_device_apart() -> None:
     # One request never gets one device twice, shared or not (upstream searches on after the device it picked,
     # as tools/allocbench shows); two requests of one claim may each take a share of it.
@@ -501,3 +551,13 @@ def test_backtracking_finds_the_solution_a_greedy_pick_misses() -> None:
     c = claim("c", req("a", "any", 1), req("b", "any", 1), constraints=[{"matchAttribute": f"{D}/model"}])
     (out,) = one([s], [ANY], c)
     assert devices_of(out.allocation) == ["d1", "d2"]
+
+
+def test_the_claim_limit_is_checked_per_request_since_1_37() -> None:
+    big = claim("big", req("a", "any", 20), req("b", "any", 20))
+    for release, message in (
+        (KUBERNETES_1_37, "claim ns/big, request b: adding 20 devices exceeds the claim limit of 32, with 20 already"),
+        (KUBERNETES_1_36, "claim ns/big: number of requested devices 40 exceeds the claim limit of 32"),
+    ):
+        with pytest.raises(AllocationError, match=f"^{message}"):
+            Allocator([rslice([dev("d0")])], [ANY], features=release).allocate([big], "node-a")

@@ -117,3 +117,19 @@ def test_device_taint_rules_from_files_taint_the_devices_they_select(files: dict
         "drain:NoExecute": 1,
         "k:NoSchedule": 1,
     }
+
+
+def test_kubernetes_version_selects_how_a_rule_without_a_selector_taints(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    files["claims"].write_text(yaml.safe_dump(claim("a", req("r", "any"))))
+    rule = {
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "all"},
+        "spec": {"taint": {"key": "x", "effect": "NoSchedule"}},
+    }
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule))
+    argv = ["simulate", "--slices", str(files["slices"]), "--classes", str(files["classes"])]
+    argv += ["--claims", str(files["claims"]), "--node", "node-a", "--taint-rules", str(tmp_path / "rules.yaml")]
+    assert run(argv)[0] == 0  # 1.37: no selector, no device
+    assert run([*argv, "--kubernetes-version", "1.36"])[0] == 3  # 1.36: every device, d0 included

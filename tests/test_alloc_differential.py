@@ -1,9 +1,9 @@
-"""Allocator differential on seeded random input: ours and the 1.36 scheduler's allocator
+"""Allocator differential on seeded random input: ours and the 1.37 scheduler's allocator
 (k8s.io/dynamic-resource-allocation/structured through tools/allocbench, DeviceTaintRules applied by the scheduler's
 own ResourceSlice tracker) must give every claim the same node, devices, consumed capacity, binding conditions and
-node selector, and fail the same claims. The scenarios (tests/alloc_generator.py) mix device taints and
-DeviceTaintRules, binding conditions, shared counters, consumable capacity with request policies, `firstAvailable`,
-`All`, selectors and constraints. Prints the agreement in the run's summary."""
+node selector, and fail the same claims with the same message. The scenarios (tests/alloc_generator.py) mix device
+taints and DeviceTaintRules, binding conditions, shared counters, consumable capacity with request policies,
+`firstAvailable`, `All`, selectors and constraints. Prints the agreement in the run's summary."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.alloc_generator import Scenario
+from tests.gotools import pinned
 from tests.test_allocbench import build_allocbench, run_go, run_ours
 
 SEEDS = range(1, 161)
@@ -26,6 +27,9 @@ def _features(inp: dict[str, Any]) -> Counter[str]:
     devices = [d for s in inp["slices"] for d in s["spec"].get("devices") or []]
     seen["device taints"] += any(d.get("taints") for d in devices)
     seen["DeviceTaintRules"] += bool(inp["deviceTaintRules"])
+    seen["DeviceTaintRules without a selector"] += any(
+        "deviceSelector" not in r["spec"] for r in inp["deviceTaintRules"]
+    )
     seen["binding conditions"] += any(d.get("bindingConditions") for d in devices)
     seen["binding feature off"] += not inp["features"]["DeviceBindingAndStatus"]
     seen["shared counters"] += any(d.get("consumesCounters") for d in devices)
@@ -55,12 +59,12 @@ def test_ours_and_the_schedulers_allocator_agree_on_random_scenarios(
         ours, _ = run_ours(inp)
         outcomes += _outcomes(go)
         for a, b in zip(ours, go, strict=True):
-            if {**a, "error": bool(a.get("error"))} != {**b, "error": bool(b.get("error"))}:
+            if a != b:  # errors included, message and all
                 disagreements.append(f"seed {seed}, {a['claim']}:\n  ours {json.dumps(a)}\n  Go   {json.dumps(b)}")
                 (tmp_path / f"seed-{seed}.json").write_text(json.dumps(inp, indent=1))
     total = len(SEEDS) * CLAIMS
     report_table(
-        "allocator differential",
+        f"allocator differential ({pinned('allocbench')})",
         f"{len(SEEDS)} random scenarios x {CLAIMS} claims (seeds {SEEDS.start}-{SEEDS.stop - 1}): "
         f"{total - len(disagreements)}/{total} agree with k8s.io/dynamic-resource-allocation/structured; Go: "
         + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))

@@ -1,5 +1,6 @@
 """The static type checker (cel-go's rules), the AST validators, program-creation errors, parser limits, feature
-gates and the issue-13 semantics; each expectation was checked against Kubernetes 1.36.3 through tools/celeval."""
+gates and the issue-13 semantics; each expectation was checked against Kubernetes 1.36.3 or 1.37.2 (where 1.37
+changed it) through tools/celeval."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, Features, compile_selector, configure
 from dra_driver.cel.decls import declarations, parse_type
 from dra_driver.cel.extlib import EXT_DECLS
-from dra_driver.cel.features import KUBERNETES_1_36
+from dra_driver.cel.features import KUBERNETES_1_36, KUBERNETES_1_37
 from dra_driver.cel.library import REGISTRY
 from dra_driver.cel.types import T
 
@@ -47,12 +48,6 @@ def runtime_error(expression: str, device: CelDevice = DEVICE) -> str:
         ("sets.contains([1, 2], [1.0])", "found no matching overload for 'sets.contains' applied to"),
         ('quantity("1").sign() == 1', "found no matching overload for 'sign' applied to 'kubernetes.Quantity.()'"),
         ("1u in {1: 'a'}", "found no matching overload for '@in' applied to '(uint, map(int, string))'"),
-        ('device.attributes["x"].y > semver("1.0.0")', "applied to '(any, kubernetes.Semver)'"),
-        (
-            '[device.attributes["x"].y, semver("1.0.0")].size() == 2',
-            "expected type 'any' but found 'kubernetes.Semver'",
-        ),
-        ('device.attributes["x"].y.exists(v, v)', "expression of type 'any' cannot be range of a comprehension"),
         ("[0, 1u].size() == 2", "expected type 'int' but found 'uint'"),
         ("device.nope", "undefined field 'nope'"),
         ("nope(1)", "undeclared reference to 'nope'"),
@@ -88,8 +83,60 @@ def test_checker_accepts_what_kubernetes_accepts(expression: str) -> None:
     assert run(expression)
 
 
-def test_output_type_must_be_bool_or_any() -> None:
+@pytest.fixture
+def kubernetes_1_36() -> Iterator[None]:
+    configure(KUBERNETES_1_36)
+    yield
+    configure(KUBERNETES_1_37)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ('device.attributes["x"].y > semver("1.0.0")', "applied to '({}, kubernetes.Semver)'"),
+        ('[device.attributes["x"].y, semver("1.0.0")].size() == 2', "expected type '{}' but found 'kubernetes.Semver'"),
+    ],
+)
+def test_attribute_values_are_any_in_1_36_and_dyn_since_1_37(expression: str, message: str) -> None:
+    assert message.format("dyn") in compile_error(expression)
+    configure(KUBERNETES_1_36)
+    try:
+        assert message.format("any") in compile_error(expression)
+    finally:
+        configure(KUBERNETES_1_37)
+
+
+def test_1_36_cannot_range_over_an_attribute(kubernetes_1_36: None) -> None:
+    message = "expression of type 'any' cannot be range of a comprehension"
+    assert message in compile_error('device.attributes["x"].y.exists(v, v)')
+
+
+def test_1_37_ranges_over_an_attribute_at_runtime() -> None:
+    assert runtime_error('device.attributes["x"].y.exists(v, v)') == "no such key: y"
+
+
+def test_duration_of_an_int_is_undeclared_since_1_37() -> None:
+    assert "found no matching overload for 'duration' applied to '(int)'" in compile_error(
+        "duration(1) > duration('0s')"
+    )
+
+
+def test_1_36_declares_duration_of_an_int_that_always_fails(kubernetes_1_36: None) -> None:
+    message = "type conversion error from 'int' to 'google.protobuf.Duration'"
+    assert runtime_error("duration(size(device.driver)) > duration('0s')") == message
+
+
+def test_output_type_must_be_bool_or_the_attribute_type() -> None:
+    assert run("dyn(true)")  # since 1.37, the attribute type is dyn
+    assert run("google.protobuf.BoolValue{value: true}")  # cel-go's IsExactType takes a bool wrapper for bool
+    assert compile_error('device.attributes["x"]') == "must evaluate to bool or the unknown type, not map(string, dyn)"
+    assert run('device.attributes["gpu.example.com"].model != ""')
+
+
+def test_1_36_output_type_must_be_bool_or_any(kubernetes_1_36: None) -> None:
     assert compile_error("dyn(true)") == "must evaluate to bool or the unknown type, not dyn"
+    message = "must evaluate to bool or the unknown type, not wrapper(bool)"
+    assert compile_error("google.protobuf.BoolValue{value: true}") == message
     assert run('device.attributes["gpu.example.com"].model != ""')
 
 
@@ -118,13 +165,17 @@ def test_parser_limits_follow_cel_go() -> None:
         '!isSemver("99999999999999999999.0.0")',
         "cel.bind(x, 1/0, true)",  # a bind's value is lazy
         "cel.bind(y, 5, cel.bind(x, y, [1].all(y, x == 5)))",  # ... and sees the variables of the bind
-        '"abc".indexOf("a", 4) == -1 && "abc".indexOf("", 7) == 7',
+        '"abc".indexOf("a", 4) == -1 && "abc".indexOf("", 7) == 3 && "abc".lastIndexOf("", 9) == 3',  # cel-go 0.29
         '"%.2f".format([2147483648.25]) == "2,147,483,648.25"',
         '"%e".format([1234.5]) == "1.234500\\u00d710\\u2070\\u00b3"',
     ],
 )
 def test_semantics_agree_with_kubernetes(expression: str) -> None:
     assert run(expression)
+
+
+def test_1_36_finds_the_empty_string_at_any_offset(kubernetes_1_36: None) -> None:
+    assert run('"abc".indexOf("", 7) == 7 && "abc".lastIndexOf("", 9) == 9')
 
 
 @pytest.mark.parametrize(
@@ -143,17 +194,21 @@ def test_runtime_errors_agree_with_kubernetes(expression: str, message: str) -> 
 
 @pytest.fixture
 def list_attributes() -> Iterator[None]:
-    configure(Features(list_type_attributes=True))
+    configure(Features(list_type_attributes=True, minor=36))
     yield
-    configure(KUBERNETES_1_36)
+    configure(KUBERNETES_1_37)
 
 
 def _list_device() -> CelDevice:
     return CelDevice(driver="d", attributes={"peers": {"ints": [1, 2]}, "both": {"int": 1, "string": "x"}})
 
 
-def test_list_attributes_are_unsupported_with_the_1_36_gates() -> None:
+def test_list_attributes_are_unsupported_with_the_1_36_gates(kubernetes_1_36: None) -> None:
     assert runtime_error("true", _list_device()) == "attribute peers: unsupported attribute value"
+
+
+def test_list_attributes_are_lists_since_1_37_whatever_the_gate() -> None:
+    assert run('device.attributes["d"].peers.exists(p, p == 2)', _list_device())
 
 
 def test_list_attributes_gate_makes_them_lists_and_dyn(list_attributes: None) -> None:

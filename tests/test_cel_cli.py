@@ -1,8 +1,8 @@
 """`dra-driver cel eval` and `dra-driver simulate` give Kubernetes' verdicts: both compile through `compile_selector`
-(type checker, feature gates), so the checker's compile errors, the gates and 1.36's semantics reach their output,
-and both say when the API server would refuse a selector in a new object (estimated cost over the limit, or gated
-off). The expected texts and outcomes are Kubernetes 1.36.3's (tools/celeval, default and -estimate modes), as in
-tests/cel_corpus/handwritten.py."""
+(type checker, feature gates, release), so the checker's compile errors, the gates and 1.37's (or 1.36's) semantics
+reach their output, and both say when the API server would refuse a selector in a new object (estimated cost over the
+limit, or gated off). The expected texts and outcomes are Kubernetes 1.37.2's (1.36.3's with --kubernetes-version
+1.36; tools/celeval, default and -estimate modes), as in tests/cel_corpus/handwritten.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dra_driver.allocation.cli import add_subcommand as add_simulate
-from dra_driver.cel import KUBERNETES_1_36
+from dra_driver.cel import KUBERNETES_1_37
 from dra_driver.cel.cli import add_subcommand as add_cel
 from dra_driver.cel.features import active
 from tests.test_alloc_allocator import ANY, D, claim, cls, dev, req, rslice
@@ -51,21 +51,16 @@ def test_cel_eval_follows_kubernetes_semantics(tmp_path: Path, capsys: pytest.Ca
 
 def test_cel_eval_feature_gates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expr = f'device.attributes["{D}"].model == "H100"'
-    # 1.36 default: DRAListTypeAttributes off, so any selector fails on a device with a list attribute
-    assert cel_eval(tmp_path, expr, LIST_DEVICE) == 2
+    # 1.36 with DRAListTypeAttributes off (its default): any selector fails on a device with a list attribute
+    assert cel_eval(tmp_path, expr, LIST_DEVICE, "--kubernetes-version", "1.36") == 2
     assert "attribute links: unsupported attribute value" in capsys.readouterr().err
-    assert (
-        cel_eval(
-            tmp_path,
-            f'device.attributes["{D}"].links.exists(x, x == 2)',
-            LIST_DEVICE,
-            "--feature-gates",
-            "DRAListTypeAttributes=true",
-        )
-        == 0
-    )
+    # 1.37's scheduler reads lists whatever the gate; the API server takes them in a new selector only with it
+    links = f'device.attributes["{D}"].links.exists(x, x == 2)'
+    assert cel_eval(tmp_path, links, LIST_DEVICE) == 4
     assert capsys.readouterr().out == "true\n"
-    assert active() == KUBERNETES_1_36  # the gates apply to that one evaluation
+    assert cel_eval(tmp_path, links, LIST_DEVICE, "--feature-gates", "DRAListTypeAttributes=true") == 0
+    assert capsys.readouterr().out == "true\n"
+    assert active() == KUBERNETES_1_37  # the gates apply to that one evaluation
     assert cel_eval(tmp_path, expr, LIST_DEVICE, "--feature-gates", "DRAListTypeAttributes=maybe") == 2
     assert "bad feature gate" in capsys.readouterr().err
 
@@ -140,7 +135,7 @@ def test_simulate_feature_gates_are_cel_evals(tmp_path: Path, capsys: pytest.Cap
     assert code == 3 and "undeclared reference to 'includes'" in text  # gated off for a new claim
     code, text = simulate(tmp_path, expr, {"profile": "1g.10gb"}, "--feature-gates", "DRAListTypeAttributes=true")
     assert code == 0 and "claim ns/a: allocated on node-a" in text
-    assert active() == KUBERNETES_1_36  # for that run only
+    assert active() == KUBERNETES_1_37  # for that run only
     assert simulate(tmp_path, "true", {}, "--feature-gates", "DRAListTypeAttributes=maybe")[0] == 1
     assert "bad feature gate" in capsys.readouterr().err
 

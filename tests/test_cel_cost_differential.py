@@ -20,6 +20,7 @@ from typing import Final
 from tests.cel_corpus.cost import COST_CASES, DEVICE
 from tests.cel_corpus.generator import generate
 from tests.cel_corpus.runner import Case, Outcome, kubernetes, order_dependent, ours_with_cost
+from tests.gotools import pinned
 from tests.test_cel_differential import SEED, celeval, handwritten_cases  # noqa: F401  (the fixture, shared)
 
 GENERATED: Final = 3000
@@ -72,7 +73,9 @@ def _device_free_once(cases: list[Case]) -> list[Case]:
 
 def _show(report_table: Callable[[str, str], None], lines: list[str]) -> None:
     print("\n".join(lines))
-    report_table("CEL runtime cost", "\n".join(line for line in lines if not line.startswith("         ")))
+    report_table(
+        f"CEL runtime cost ({pinned('celeval')})", "\n".join(line for line in lines if not line.startswith("         "))
+    )
 
 
 def test_cost_corpus_costs_what_kubernetes_charges(

@@ -9,6 +9,7 @@ import pytest
 
 from dra_driver.cel import (
     KUBERNETES_1_36,
+    KUBERNETES_1_37,
     CelCompileError,
     CelDevice,
     CelRuntimeError,
@@ -165,11 +166,11 @@ def test_from_slice_device_on_simulated_dgx_h100() -> None:
 
 
 def test_list_attributes_and_includes() -> None:
-    configure(Features(list_type_attributes=True))  # DRAListTypeAttributes is alpha, off in 1.36
+    configure(Features(list_type_attributes=True))  # DRAListTypeAttributes is alpha, off in 1.36 and 1.37
     try:
         _check_list_attributes()
     finally:
-        configure(KUBERNETES_1_36)
+        configure(KUBERNETES_1_37)
 
 
 def _check_list_attributes() -> None:
@@ -204,7 +205,7 @@ def _general_rule(dev: CelDevice, lists: bool) -> dict[str, dict[str, Any]] | st
     return out
 
 
-@pytest.mark.parametrize("lists", [False, True])
+@pytest.mark.parametrize("lists", [False, True])  # 1.36 with the gate off, or lists read as lists
 @pytest.mark.parametrize(
     "attributes",
     [
@@ -217,13 +218,13 @@ def _general_rule(dev: CelDevice, lists: bool) -> dict[str, dict[str, Any]] | st
         {"a": {"int": 1, "string": "x"}},  # two fields: the first in compile.go's order
         {"a": {"int": None}},
         {"a": {}},
-        {"a": {"ints": [1, 2]}},  # a list: unsupported with the gate off, a CEL list with it on
+        {"a": {"ints": [1, 2]}},  # a list: unsupported in 1.36 with the gate off, else a CEL list
         {"a": {"strings": ["x"], "string": "y"}},
         {"x.com/a": {"int": 1}, "b": {"int": 2}, "x.com/c": {"int": 3}},  # domains interleaved
     ],
 )
 def test_fast_conversion_agrees_with_the_general_rule(attributes: dict[str, Any], lists: bool) -> None:
-    configure(Features(list_type_attributes=lists))
+    configure(KUBERNETES_1_37 if lists else KUBERNETES_1_36)
     try:
         for _ in range(2):  # the second pass reads the version cache
             dev = CelDevice(driver=DRIVER, attributes=attributes)
@@ -237,4 +238,4 @@ def test_fast_conversion_agrees_with_the_general_rule(attributes: dict[str, Any]
             assert {d: {i: v for i, (v, _) in ids.items()} for d, ids in expected.items()} == dict(device.attributes)
             assert {d: {i: r for i, (_, r) in ids.items()} for d, ids in expected.items()} == raw["attributes"]
     finally:
-        configure(KUBERNETES_1_36)
+        configure(KUBERNETES_1_37)

@@ -21,6 +21,7 @@ from tests.cel_corpus.devices import DEFAULT_DEVICES, named_devices
 from tests.cel_corpus.generator import ATOMS, SHARED, generate
 from tests.cel_corpus.handwritten import cases as handwritten
 from tests.cel_corpus.runner import Case, Outcome, Report, compare, kubernetes, ours
+from tests.gotools import pinned
 from tests.test_cel_ext_support import celeval_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +29,7 @@ REQUIRE = os.environ.get("DRA_K8S_REQUIRE") == "1"
 SEED: Final = 13
 GENERATED: Final = 3000
 
-# Agreement with Kubernetes 1.36.3; never lower them.
+# Agreement with Kubernetes 1.37.2 (tools/celeval's pin); never lower them.
 BASELINE_HANDWRITTEN: Final = 1.0
 BASELINE_GENERATED: Final = 1.0
 
@@ -60,7 +61,7 @@ def test_handwritten_corpus_agrees_at_least_as_much_as_the_baseline(
     cases = handwritten_cases()
     report = compare(cases, kubernetes(celeval, cases))
     title = f"CEL differential, hand-written corpus ({len(cases)} cases)"
-    _show(report_table, "CEL differential", report.render(title))
+    _show(report_table, f"CEL differential ({pinned('celeval')})", report.render(title))
     assert report.agreement >= BASELINE_HANDWRITTEN, f"agreement fell below the baseline {BASELINE_HANDWRITTEN}"
 
 
@@ -76,7 +77,7 @@ def test_generated_selectors_agree_at_least_as_much_as_the_baseline(
     assert not flaky, f"order-dependent expressions: {flaky[:5]}"
     report = compare(cases, theirs)
     title = f"CEL differential, generated (seed {SEED}, {len(cases)} cases)"
-    _show(report_table, "CEL differential", report.render(title))
+    _show(report_table, f"CEL differential ({pinned('celeval')})", report.render(title))
     assert report.agreement >= BASELINE_GENERATED, f"agreement fell below the baseline {BASELINE_GENERATED}"
 
 
@@ -104,8 +105,8 @@ def test_our_side_maps_selectors_to_the_four_outcomes() -> None:
     device = named_devices()["mig"]
     kinds = [ours(Case("t", e, device)).kind for e in ("1 == 1", "1 == 2", "1 +", 'device.attributes["x"].y')]
     assert kinds == ["true", "false", "compile_error", "runtime_error"]
-    list_attr = named_devices()["list-attribute"]  # list attributes are unsupported with the 1.36 gates
-    assert ours(Case("t", "true", list_attr)).kind == "runtime_error"
+    list_attr = named_devices()["list-attribute"]  # a list attribute is a CEL list since 1.37, whatever the gate
+    assert ours(Case("t", 'device.attributes["gpu.dra-driver.dev"].nvlinkPeers.size() > 0', list_attr)).kind == "true"
 
 
 def test_report_groups_disagreements_into_classes() -> None:

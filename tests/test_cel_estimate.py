@@ -19,7 +19,7 @@ from typing import Final
 
 import pytest
 
-from dra_driver.cel import KUBERNETES_1_36, CelCompileError, Features
+from dra_driver.cel import KUBERNETES_1_37, CelCompileError, Features
 from dra_driver.cel.estimate import TOO_COMPLEX, check_new_selector, estimate_cost
 from dra_driver.cel.program import MAX_EXPRESSION_LENGTH
 from tests.cel_corpus.devices import named_devices
@@ -27,12 +27,13 @@ from tests.cel_corpus.estimate import ESTIMATE_CASES
 from tests.cel_corpus.generator import generate
 from tests.cel_corpus.handwritten import cases as handwritten
 from tests.cel_corpus.runner import Case, Estimate, kubernetes, kubernetes_estimates, our_estimate
+from tests.gotools import pinned
 from tests.test_cel_differential import celeval  # noqa: F401  (the fixture: the built binary, shared)
 
 SEED: Final = 13
 GENERATED: Final = 3000
 GATES: Final = {  # label → (our features, celeval's flags)
-    "1.36 gates": (KUBERNETES_1_36, ()),
+    "1.37 gates": (KUBERNETES_1_37, ()),
     "DRAListTypeAttributes=true": (Features(list_type_attributes=True), ("-list-type-attributes=true",)),
     "DRAConsumableCapacity=false": (Features(consumable_capacity=False), ("-consumable-capacity=false",)),
 }
@@ -74,7 +75,10 @@ def _compare(binary: Path, title: str, expressions: list[str], gates: str) -> tu
 def _report(report_table: Callable[[str, str], None], lines: list[str]) -> None:
     """All of it in the test's output; the figures and classes (no examples) in the terminal summary."""
     print("\n".join(lines))
-    report_table("CEL estimated cost", "\n".join(line for line in lines if not line.startswith("         ")))
+    report_table(
+        f"CEL estimated cost ({pinned('celeval')})",
+        "\n".join(line for line in lines if not line.startswith("         ")),
+    )
 
 
 def _show(e: Estimate) -> str:
@@ -86,7 +90,7 @@ def test_estimate_agrees_with_kubernetes_on_the_hand_written_selectors(
     report_table: Callable[[str, str], None],
 ) -> None:
     differential = sorted({expression for _, expression, *_ in handwritten()})
-    lines, wrong = _compare(celeval, "hand-written corpus", differential, "1.36 gates")
+    lines, wrong = _compare(celeval, "hand-written corpus", differential, "1.37 gates")
     corners = [expression for _, expression in ESTIMATE_CASES]
     for gates in GATES:
         more_lines, more_wrong = _compare(celeval, "estimator corpus", corners, gates)
@@ -100,7 +104,7 @@ def test_estimate_agrees_with_kubernetes_on_generated_selectors(
     report_table: Callable[[str, str], None],
 ) -> None:
     expressions = [expression for _, expression, _ in generate(SEED, GENERATED)]
-    lines, wrong = _compare(celeval, f"generated (seed {SEED})", expressions, "1.36 gates")
+    lines, wrong = _compare(celeval, f"generated (seed {SEED})", expressions, "1.37 gates")
     _report(report_table, lines)
     assert not wrong, "\n".join(wrong)
 

@@ -1,6 +1,6 @@
 """Kubernetes' format library (dra_driver/cel/ext/formats.py), without Go: the validators' messages and quirks as
-tools/celeval gave them (Kubernetes 1.36.3); the differential suites compare tests/cel_corpus/formats.py with
-celeval itself."""
+tools/celeval gave them (Kubernetes 1.36.3, and 1.37.2 alike); the differential suites compare
+tests/cel_corpus/formats.py with celeval itself."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Shared by tests/test_cel_ext_{net,urls,time}.py: one case table drives both our ext library (called directly,
 through its overload table) and Kubernetes' own CEL (tools/celeval), so every expected value or error message in
-those tables is one Kubernetes 1.36.3 gives. Inputs reach celeval as device attributes, never as literals, so
-nothing is folded or rejected at compile time."""
+those tables is one Kubernetes 1.37.2 (as 1.36.3) gives. Inputs reach celeval as device attributes, never as
+literals, so nothing is folded or rejected at compile time."""
 
 from __future__ import annotations
 

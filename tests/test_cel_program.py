@@ -42,7 +42,7 @@ def gpu(uuid: str, model: str = "H100", memory: str = "80Gi") -> CelDevice:
         ("{'a': 1}", "map(string, int)"),
         ('quantity("1")', "kubernetes.Quantity"),
         ('device.capacity["x"]', "map(string, kubernetes.Quantity)"),
-        ('device.attributes["x"]', "map(string, any)"),  # attribute values are `any` (google.protobuf.Any)
+        ('device.attributes["x"]', "map(string, dyn)"),  # attribute values are `dyn` since 1.37 (`any` before)
     ],
 )
 def test_non_bool_result_type_is_a_compile_error(expr: str, type_name: str) -> None:

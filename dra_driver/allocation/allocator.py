@@ -40,6 +40,7 @@ from dra_driver.api.claim import (
 from dra_driver.api.deviceclass import DeviceClass, DeviceSelector
 from dra_driver.api.quantity import format_quantity
 from dra_driver.cel import CelCompileError, CelRuntimeError, compile_selector
+from dra_driver.cel.features import Features, active
 
 DEFAULT_MAX_STEPS = 200_000
 
@@ -81,11 +82,14 @@ class Allocator:
         max_steps: int = DEFAULT_MAX_STEPS,
         taint_rules: Iterable[Mapping[str, Any]] = (),
         binding_conditions: bool = True,
+        features: Features | None = None,
     ) -> None:
         """`taint_rules`: DeviceTaintRules, whose taints the devices carry as the scheduler's slice tracker adds them;
-        `binding_conditions`: the scheduler's DeviceBindingAndStatus feature (on in 1.36: devices with binding
-        conditions may be allocated and their results carry them; off: such devices are never picked)."""
-        self.slices = apply_taint_rules([dict(s) for s in slices], list(taint_rules))
+        `binding_conditions`: the scheduler's DeviceBindingAndStatus feature (on in 1.36 and 1.37: devices with
+        binding conditions may be allocated and their results carry them; off: such devices are never picked);
+        `features`: the release whose scheduler to follow (default: the configured one)."""
+        self.features = features or active()
+        self.slices = apply_taint_rules([dict(s) for s in slices], list(taint_rules), self.features.minor)
         self.binding_conditions = binding_conditions
         self.classes = {c.metadata.name: c for c in (DeviceClass.model_validate(c) for c in classes)}
         self.state: AllocatedState = allocated_state(allocated)
@@ -126,14 +130,18 @@ class Allocator:
                         self._request(claim, ci, ri, si, req.name, sub.name, sub, pools, search)
                         for si, sub in enumerate(req.first_available)
                     ]
-                    total += min(d.num_devices for d in subs)
                     cd.alternatives.append(subs)
                 elif req.exactly is not None:
-                    data = self._request(claim, ci, ri, -1, req.name, "", req.exactly, pools, search)
-                    total += data.num_devices
-                    cd.alternatives.append([data])
+                    cd.alternatives.append([self._request(claim, ci, ri, -1, req.name, "", req.exactly, pools, search)])
                 else:
                     raise AllocationError(f"claim {claim.key}, request {req.name}: neither exactly nor firstAvailable")
+                least = min(d.num_devices for d in cd.alternatives[-1])
+                if self.features.minor >= 37 and least > MAX_RESULTS - total:  # 1.37 stops at the request
+                    raise AllocationError(
+                        f"claim {claim.key}, request {req.name}: adding {least} devices exceeds the claim limit of "
+                        f"{MAX_RESULTS}, with {total} already accounted for"
+                    )
+                total += least
             if total > MAX_RESULTS:
                 raise AllocationError(
                     f"claim {claim.key}: number of requested devices {total} exceeds the claim limit of {MAX_RESULTS}"
@@ -183,7 +191,12 @@ class Allocator:
                     f"claim {claim.key}, request {shown}: asks for all devices, "
                     f"but resource pool {pool.id} is currently invalid"
                 )
-            data.all_devices.extend(d for d in pool.devices if search.selectable(data, d) and search.fits(data, d))
+            # 1.37 lists the devices whose capacity could fit the request (a device with too little left then
+            # fails the request); 1.36 only those with enough left
+            static = self.features.minor >= 37
+            data.all_devices.extend(
+                d for d in pool.devices if search.selectable(data, d) and search.fits(data, d, static=static)
+            )
         data.num_devices = len(data.all_devices)
         return data
 
@@ -200,10 +213,19 @@ class Allocator:
         return search.run()
 
 
-def selectors_match(selectors: Sequence[DeviceSelector], device: PoolDevice, owner: str) -> tuple[bool, int]:
+_OPTIONAL_HINT = (
+    ". consider using CEL optional chaining (.? followed by orValue())"
+    " or guarding the check with has() for optional fields"
+)
+
+
+def selectors_match(
+    selectors: Sequence[DeviceSelector], device: PoolDevice, owner: str, minor: int = 37
+) -> tuple[bool, int]:
     """(matched, index of the first selector that rejected the device, -1 if none); AllocationError on CEL errors.
 
-    `owner` is `class NAME` or `claim NS/NAME`, as in the scheduler's messages."""
+    `owner` is `class NAME` or `claim NS/NAME`, as in the scheduler's messages; since 1.37 (`minor`) a runtime error
+    names the device and hints at optional access for a missing key (cel.EnhanceRuntimeError)."""
     for i, sel in enumerate(selectors):
         assert sel.cel is not None
         try:
@@ -211,7 +233,12 @@ def selectors_match(selectors: Sequence[DeviceSelector], device: PoolDevice, own
         except CelCompileError as err:
             raise AllocationError(f"{owner}: selector #{i}: CEL compile error: {err}") from None
         except CelRuntimeError as err:
-            raise AllocationError(f"{owner}: selector #{i}: CEL runtime error: {err}") from None
+            if minor < 37:
+                raise AllocationError(f"{owner}: selector #{i}: CEL runtime error: {err}") from None
+            hint = _OPTIONAL_HINT if "no such key:" in str(err) else ""
+            raise AllocationError(
+                f"{owner}: selector #{i} on device {device.id}: CEL runtime error: {err}{hint}"
+            ) from None
         if not ok:
             return False, i
     return True, -1
@@ -248,10 +275,13 @@ class _Search:
         cached = self.matches.get(key)
         if cached is not None:
             return cached
+        minor = self.alloc.features.minor
         ok = (
             (self.alloc.binding_conditions or not device.raw.get("bindingConditions"))
-            and selectors_match(data.device_class.spec.selectors, device, f"class {data.device_class.metadata.name}")[0]
-            and selectors_match(data.spec.selectors, device, f"claim {self.claims[data.claim_index].key}")[0]
+            and selectors_match(
+                data.device_class.spec.selectors, device, f"class {data.device_class.metadata.name}", minor
+            )[0]
+            and selectors_match(data.spec.selectors, device, f"claim {self.claims[data.claim_index].key}", minor)[0]
             and device_visible(device, self.node)
         )
         self.matches[key] = ok
@@ -275,22 +305,28 @@ class _Search:
     def _picked(self, device: PoolDevice) -> bool:
         return any(n > 0 for n in self.allocating.get(device.key, Counter()).values())
 
-    def fits(self, data: RequestData, device: PoolDevice) -> bool:
-        """CmpRequestOverCapacity: the request's capacity fits what the device has left (`All` lists only those)."""
+    def fits(self, data: RequestData, device: PoolDevice, *, static: bool = False) -> bool:
+        """CmpRequestOverCapacity: the request's capacity fits what the device has left, or (`static`) what it
+        has when nothing is consumed."""
         try:
-            self.capacity_for(data, device)
+            self.capacity_for(data, device, static=static)
         except CapacityMismatch:
             return False
         return True
 
-    def capacity_for(self, data: RequestData, device: PoolDevice) -> dict[str, Fraction] | None:
-        """Consumed capacity (shared devices), {} for exclusive ones; CapacityMismatch when it does not fit."""
+    def capacity_for(
+        self, data: RequestData, device: PoolDevice, *, static: bool = False
+    ) -> dict[str, Fraction] | None:
+        """Consumed capacity (shared devices), {} for exclusive ones; CapacityMismatch when it does not fit (in what
+        is left, or, `static`, in the device's capacity)."""
         requests = data.spec.capacity.requests if data.spec.capacity else {}
         if not requests and not device.allow_multiple:
             return {}
         amounts = consumed_capacity(requests, device.capacity, device.driver, device.allow_multiple)
         if not device.allow_multiple or data.admin:
             return {}
+        if static:
+            return amounts
         base = self.alloc.state.shared.get(device.key, {})
         extra = self.shared_used.get(device.key, {})
         for name, amount in amounts.items():
@@ -526,13 +562,16 @@ class _Search:
             if not cfg.requests:
                 configs.append(DeviceAllocationConfiguration(source="FromClaim", requests=[], opaque=cfg.opaque))
                 continue
-            for data in chosen:
-                if data.request in cfg.requests or (data.sub and data.full_name in cfg.requests):
-                    configs.append(
-                        DeviceAllocationConfiguration(
-                            source="FromClaim", requests=list(cfg.requests), opaque=cfg.opaque
-                        )
-                    )
+            named = [data for data in chosen if _names(cfg.requests, data)]
+            # 1.36 adds the config once per request it names, 1.37 once
+            for _ in named[: 1 if self.alloc.features.minor >= 37 else None]:
+                configs.append(
+                    DeviceAllocationConfiguration(source="FromClaim", requests=list(cfg.requests), opaque=cfg.opaque)
+                )
+        if self.alloc.features.minor >= 37:  # a config for every request names none ("empty means all")
+            for config in configs:
+                if config.requests and all(_names(config.requests, data) for data in chosen):
+                    config.requests = []
         out.node_selector = node_selector([p.device for p in self.results[ci]], self.node)
         return out
 
@@ -540,6 +579,11 @@ class _Search:
         if not self.alloc.binding_conditions:
             return None
         return list(device.raw.get(field) or []) or None
+
+
+def _names(requests: Sequence[str], data: RequestData) -> bool:
+    """Whether a config's request list names this request, or the subrequest chosen for it."""
+    return data.request in requests or (bool(data.sub) and data.full_name in requests)
 
 
 def node_selector(devices: Sequence[PoolDevice], node: Node | None = None) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO, cast
 from pydantic import ValidationError
 
 from dra_driver.api import GROUP, TAINT_RULE_VERSIONS, VERSION
-from dra_driver.cel.cli import GATES, parse_gates
+from dra_driver.cel.cli import GATES, add_release_option, features_from
 from dra_driver.cel.features import active, configure
 
 if TYPE_CHECKING:  # the allocator loads only when `simulate` runs: every `dra-driver` start parses this
@@ -48,9 +48,9 @@ def add_subcommand(subparsers: Any) -> None:
         nargs="*",
         default=[],
         metavar="FILE",
-        help="DeviceTaintRules (resource.k8s.io/v1beta2): their taints are added to the devices they select, as the "
-        "scheduler does with the DRADeviceTaintRules gate; with --kubeconfig the cluster's are read too, when it "
-        "serves that API",
+        help="DeviceTaintRules (resource.k8s.io/v1 or v1beta2): their taints are added to the devices they select, as "
+        "the scheduler does with the DRADeviceTaintRules gate (on since 1.37); with --kubeconfig the cluster's are "
+        "read too, when it serves that API",
     )
     p.add_argument("--node", help="the node to allocate on (default: the first node where the claims fit)")
     p.add_argument(
@@ -61,20 +61,21 @@ def add_subcommand(subparsers: Any) -> None:
         "--feature-gates",
         default="",
         help=f"Name=true|false,... for {', '.join(GATES)}, the cluster's CEL gates (as for `cel eval`; "
-        "default: Kubernetes 1.36's)",
+        "default: the release's)",
     )
+    add_release_option(p)
     p.set_defaults(func=run_simulate)
 
 
 def run_simulate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        features = parse_gates(args.feature_gates)
+        features = features_from(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     previous = active()
-    configure(features)  # for this run only: the allocator compiles and the API check estimates under these gates
+    configure(features)  # for this run only: the allocator and the API check follow these gates and release
     try:
         return _simulate(args, out)
     finally:

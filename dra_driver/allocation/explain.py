@@ -100,11 +100,11 @@ def classify(search: _Search, data: RequestData, devices: Sequence[PoolDevice]) 
     capacity: Counter[str] = Counter()
     for dev in devices:
         rx.considered += 1
-        ok, idx = selectors_match(cls.spec.selectors, dev, f"class {cls.metadata.name}")
+        ok, idx = selectors_match(cls.spec.selectors, dev, f"class {cls.metadata.name}", search.alloc.features.minor)
         if not ok:
             rejections[("class", idx)] += 1
             continue
-        ok, idx = selectors_match(data.spec.selectors, dev, f"claim {claim.key}")
+        ok, idx = selectors_match(data.spec.selectors, dev, f"claim {claim.key}", search.alloc.features.minor)
         if not ok:
             rejections[("claim", idx)] += 1
             continue

@@ -181,10 +181,10 @@ def parse_slice(s: dict[str, Any]) -> ParsedSlice:
 def gather_pools(
     slices: Iterable[dict[str, Any]], node: Node | None, parsed: Callable[[dict[str, Any]], ParsedSlice] = parse_slice
 ) -> list[Pool]:
-    """The pools the node sees, each with the slices of its highest generation, in the 1.36 allocator's search
-    order: sorted by driver and pool name, slices by name, and pools with a device that has binding conditions last
-    (the incubating allocator's GatherPools). `parsed`: a slice's counters and devices (an Allocator remembers them:
-    its slices do not change)."""
+    """The pools the node sees, each with the slices of its highest generation, in the allocator's search order
+    (1.36's and 1.37's): sorted by driver and pool name, slices by name, and pools with a device that has binding
+    conditions last (the incubating allocator's GatherPools). `parsed`: a slice's counters and devices (an Allocator
+    remembers them: its slices do not change)."""
     pools: dict[tuple[str, str], Pool] = {}
     for s in slices:
         spec = s.get("spec") or {}

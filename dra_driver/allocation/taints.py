@@ -36,11 +36,18 @@ def describe_taint(taint: dict[str, Any]) -> str:
     return f"{taint.get('key')}{'=' + str(value) if value else ''}:{taint.get('effect')}"
 
 
-def apply_taint_rules(slices: list[dict[str, Any]], rules: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def apply_taint_rules(
+    slices: list[dict[str, Any]], rules: Sequence[Mapping[str, Any]], minor: int = 37
+) -> list[dict[str, Any]]:
     """The slices with each rule's taint appended to every device its selector names (driver, pool, device: each
-    unset one matches all), in rule order; slices no rule touches are returned as they are, the others copied."""
+    unset one matches all), in rule order; slices no rule touches are returned as they are, the others copied.
+
+    A rule without a device selector taints no device, as its API documents and the 1.37 tracker does; the 1.36
+    tracker (`minor` 36) took it for the empty selector, which taints every device."""
     if not rules:
         return slices
+    if minor >= 37:
+        rules = [r for r in rules if (r.get("spec") or {}).get("deviceSelector") is not None]
     out = []
     for s in slices:
         spec = s.get("spec") or {}

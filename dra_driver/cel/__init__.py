@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from dra_driver.cel.device import CelDevice
     from dra_driver.cel.errors import CelCompileError, CelError, CelRuntimeError
     from dra_driver.cel.estimate import CostRange, NewSelectorVerdict, check_new_selector, estimate_cost
-    from dra_driver.cel.features import KUBERNETES_1_36, Features, configure
+    from dra_driver.cel.features import KUBERNETES_1_36, KUBERNETES_1_37, Features, configure
     from dra_driver.cel.program import (
         MAX_EXPRESSION_LENGTH,
         Selector,
@@ -34,6 +34,7 @@ _HOMES = {
     "check_new_selector": "estimate",
     "estimate_cost": "estimate",
     "KUBERNETES_1_36": "features",
+    "KUBERNETES_1_37": "features",
     "Features": "features",
     "configure": "features",
     "MAX_EXPRESSION_LENGTH": "program",
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "KUBERNETES_1_36",
+    "KUBERNETES_1_37",
     "MAX_EXPRESSION_LENGTH",
     "CelCompileError",
     "CelDevice",

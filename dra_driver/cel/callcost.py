@@ -190,10 +190,12 @@ def _validate(args: Sequence[Any]) -> int:
     return _factor(1 + actual_size(args[1]), STRING_TRAVERSAL) * _factor(args[0].max_regex_size, REGEX_LENGTH)
 
 
-def _kubernetes(function: str, overload: str) -> CallCost | None:
+def _kubernetes(function: str, overload: str, minor: int) -> CallCost | None:
     if function in _NOMINAL:
         return _ONE
     if function in ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf"):
+        return _TRAVERSAL
+    if function == "includes" and minor >= 37:  # the lists library's since 1.37 (DRA's own costed 1 before)
         return _TRAVERSAL
     if function in ("url", "lowerAscii", "upperAscii", "substring", "trim", "cidr", "isIP", "isCIDR"):
         return _FIRST_TENTH
@@ -247,10 +249,18 @@ _CEL_GO: Final[dict[str, CallCost]] = {
     "matches_string": CallCost(lambda args, _: _regex(args)),
     "contains_string": CallCost(lambda args, _: _tenth(args[0]) * _tenth(args[1])),
 }
+# cel-go 0.29 (Kubernetes 1.37) over 0.26: startsWith/endsWith traverse the prefix or suffix, not the string, and
+# the global `matches(s, re)` is priced like the member one (1 before).
+_CEL_GO_0_29: Final[dict[str, CallCost]] = {
+    **_CEL_GO,
+    **dict.fromkeys(("starts_with_string", "ends_with_string"), CallCost(lambda args, _: _tenth(args[1]))),
+    "matches": CallCost(lambda args, _: _regex(args)),
+}
 
 
-def call_cost(function: str, overload: str) -> CallCost | None:
-    """The cost of calls to `function` resolved to `overload` ("" when several overloads matched); None for 1."""
+def call_cost(function: str, overload: str, minor: int = 37) -> CallCost | None:
+    """The cost of calls to `function` resolved to `overload` ("" when several overloads matched) in Kubernetes
+    1.`minor`; None for 1."""
     if overload:
         tracker = _TRACKERS.get(overload)
         if tracker is not None:
@@ -259,7 +269,7 @@ def call_cost(function: str, overload: str) -> CallCost | None:
             return _SORT_BY
         if overload.startswith("list_") and overload.endswith("_sort"):
             return _SORT
-    found = _kubernetes(function, overload)
+    found = _kubernetes(function, overload, minor)
     if found is not None:
         return found
-    return _CEL_GO.get(overload)
+    return (_CEL_GO_0_29 if minor >= 37 else _CEL_GO).get(overload)

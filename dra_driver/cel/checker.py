@@ -62,6 +62,7 @@ class CheckEnv:
     variables: dict[str, T]
     fields: dict[str, dict[str, T]]  # struct type name → field → type
     functions: dict[str, tuple[Decl, ...]]
+    minor: int = 37  # the Kubernetes release (its cel-go): some costs and declarations differ
 
 
 def dra_env(
@@ -70,11 +71,13 @@ def dra_env(
     *,
     new_expressions: bool = False,
     consumable_capacity: bool = True,
+    minor: int = 37,
 ) -> CheckEnv:
     """compile.go's environment: attribute values are `any`, or `dyn` with list-type attributes enabled. Other
     gates do not matter to the StoredExpressions environment (the scheduler's), which declares every gated variable
     and function; the NewExpressions one (the API server's check of a new selector) declares `includes` only with
-    DRAListTypeAttributes and `device.allowMultipleAllocations` only with DRAConsumableCapacity."""
+    DRAListTypeAttributes and `device.allowMultipleAllocations` only with DRAConsumableCapacity. cel-go 0.29
+    (Kubernetes 1.37, `minor`) no longer declares `duration(int)`."""
     attr = DYN if list_attributes else ANY
     fields = {
         "driver": STRING,
@@ -88,8 +91,11 @@ def dra_env(
             del fields["allowMultipleAllocations"]
         if not list_attributes:
             functions = {name: decls for name, decls in functions.items() if name != "includes"}
+    if minor >= 37:
+        durations = tuple(d for d in functions["duration"] if d.overload_id != "int64_to_duration")
+        functions = {**functions, "duration": durations}
     device = T("kubernetes.DRADevice")
-    return CheckEnv({"device": device}, {device.kind: fields}, functions)
+    return CheckEnv({"device": device}, {device.kind: fields}, functions, minor)
 
 
 class Checker:

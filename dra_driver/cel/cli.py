@@ -15,26 +15,44 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any, Final
 
-from dra_driver.cel.features import KUBERNETES_1_36, Features, active, configure
+from dra_driver.cel.features import KUBERNETES_1_37, RELEASES, Features, active, configure
 
 EXIT_REFUSED_AS_NEW: Final = 4
 
 # Kubernetes' names for the gates that shape the CEL environment (tools/celeval's -consumable-capacity and
-# -list-type-attributes), so the verdict can be the one of a cluster that runs with other gates than 1.36's defaults.
+# -list-type-attributes), so the verdict can be the one of a cluster that runs with other gates than its release's
+# defaults.
 GATES: Final = {"DRAConsumableCapacity": "consumable_capacity", "DRAListTypeAttributes": "list_type_attributes"}
 
 
-def parse_gates(text: str) -> Features:
-    """`Name=true|false,...` over the 1.36 defaults; raises ValueError on an unknown gate or value."""
-    values = {field: getattr(KUBERNETES_1_36, field) for field in GATES.values()}
+def parse_gates(text: str, release: Features = KUBERNETES_1_37) -> Features:
+    """`Name=true|false,...` over a release's defaults; raises ValueError on an unknown gate or value."""
+    values = {field: getattr(release, field) for field in GATES.values()}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in GATES or value.lower() not in ("true", "false"):
             raise ValueError(f"bad feature gate {item!r} (known: {', '.join(GATES)}; Name=true|false)")
         values[GATES[name]] = value.lower() == "true"
-    return Features(**values)
+    return replace(release, **values)
+
+
+def add_release_option(parser: argparse.ArgumentParser) -> None:
+    """`--kubernetes-version`: the release whose gate defaults and behaviour `--feature-gates` starts from."""
+    parser.add_argument(
+        "--kubernetes-version",
+        choices=sorted(RELEASES),
+        default="1.37",
+        help="the cluster's Kubernetes release: its gate defaults, and its behaviour where 1.37 changed it "
+        "(default: 1.37)",
+    )
+
+
+def features_from(args: argparse.Namespace) -> Features:
+    """The gates and release of `--kubernetes-version` and `--feature-gates`; ValueError on a bad gate."""
+    return parse_gates(args.feature_gates, RELEASES[args.kubernetes_version])
 
 
 def add_subcommand(subparsers: Any) -> None:
@@ -58,14 +76,15 @@ def add_subcommand(subparsers: Any) -> None:
     ev.add_argument(
         "--feature-gates",
         default="",
-        help=f"Name=true|false,... for {', '.join(GATES)} (default: Kubernetes 1.36's: true, false)",
+        help=f"Name=true|false,... for {', '.join(GATES)} (default: the release's: true, false)",
     )
+    add_release_option(ev)
     ev.set_defaults(func=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
     try:
-        features = parse_gates(args.feature_gates)
+        features = features_from(args)
     except ValueError as err:
         print(str(err), file=sys.stderr)
         return 2

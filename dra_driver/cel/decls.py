@@ -233,6 +233,8 @@ def _overload_id(name: str, member: bool, params: tuple[T, ...]) -> str:
         return f"{shown}_to_{name}"
     if member and name in _MEMBER_STRING_IDS:
         return _MEMBER_STRING_IDS[name]
+    if name == "matches":
+        return "matches"
     if name == "flatten":
         return "list_flatten" if len(params) == 1 else "list_flatten_int"
     if name in ("sort", "@sortByAssociatedKeys"):  # one per comparable element type (of the sort keys for sortBy)

@@ -79,8 +79,8 @@ class CelDevice(BaseModel):
 
 
 def _attribute_value(name: str, attr: dict[str, Any], lists: bool) -> tuple[Any, tuple[str, Any]]:
-    """compile.go's getAttributeValue: the first value field set, in its order (lists first, only when the
-    DRAListTypeAttributes gate is on); none usable is "unsupported attribute value"."""
+    """compile.go's getAttributeValue: the first value field set, in its order (lists first, only when `lists`:
+    `Features.list_values`); none usable is "unsupported attribute value"."""
     kinds = ATTRIBUTE_KINDS[4:] + ATTRIBUTE_KINDS[:4] if lists else ATTRIBUTE_KINDS[:4]
     present = [kind for kind in kinds if attr.get(kind) is not None]
     if not present:
@@ -127,7 +127,7 @@ def _convert(dev: CelDevice) -> Device:
     else takes `_attribute_value`, the general rule."""
     driver = dev.driver
     attributes, capacity = DomainMap(), DomainMap()
-    lists = active().list_type_attributes
+    lists = active().list_values
     values: dict[str, Any] = {}
     current = None
     for name, attr in dev.attributes.items():
@@ -167,7 +167,7 @@ def _convert(dev: CelDevice) -> Device:
 def _raw_index(dev: CelDevice) -> dict[str, dict[str, dict[str, Any]]]:
     """The JSON-level value of every attribute (as (kind, value), the kind `_attribute_value` picked) and capacity,
     per domain; called after `_convert` succeeded, so every attribute has a usable value."""
-    lists = active().list_type_attributes
+    lists = active().list_values
     attributes: dict[str, dict[str, Any]] = {}
     for name, attr in dev.attributes.items():
         domain, ident = split_name(name, dev.driver)

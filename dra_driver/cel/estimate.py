@@ -437,7 +437,8 @@ Estimate = tuple[CostRange, CostRange | None]  # a call's cost and, when it boun
 
 
 class _Coster:
-    def __init__(self) -> None:
+    def __init__(self, minor: int) -> None:
+        self.minor = minor  # the Kubernetes release: its cel-go and library estimate some calls differently
         self.paths: dict[_Expr, _Path | None] = {}
         self.sizes: dict[_Expr, CostRange] = {}
         self.entries: dict[_Expr, _EntrySize] = {}
@@ -660,7 +661,7 @@ class _Coster:
             arg_sum += cost
         found = _ext_estimate(overload, target, args)
         if found is None:
-            found = _library_estimate(e.function, overload, target, args)
+            found = _library_estimate(e.function, overload, target, args, self.minor)
         if found is not None:
             return found[0] + arg_sum, found[1]
         return self._builtin(e, overload, target, args, arg_costs, arg_sum)
@@ -693,6 +694,9 @@ class _Coster:
         if overload == "matches_string" and target is not None and len(args) == 1:
             text = (_known(target) + ONE).factor(STRING_TRAVERSAL)
             return text * _known(args[0]).factor(REGEX_LENGTH) + arg_sum, None
+        if overload == "matches" and self.minor >= 37 and target is None and len(args) == 2:  # cel-go 0.29
+            text = (_known(args[0]) + ONE).factor(STRING_TRAVERSAL)
+            return text * _known(args[1]).factor(REGEX_LENGTH) + arg_sum, None
         if overload == "contains_string" and target is not None and len(args) == 1:
             text = _known(target).factor(STRING_TRAVERSAL)
             return text * _known(args[0]).factor(STRING_TRAVERSAL) + arg_sum, None
@@ -816,10 +820,14 @@ _MAX_NAME_FORMAT_REGEX: Final = 128  # apiserver/pkg/cel/limits.go MaxNameFormat
 _MAX_FORMAT_SIZE: Final = 64  # MaxFormatSize
 
 
-def _library_estimate(function: str, overload: str, target: _Node | None, args: list[_Node]) -> Estimate | None:
-    """compile.go's draCostEstimator, then apiserver/pkg/cel/library/cost.go's EstimateCallCost, for the functions
-    this environment declares (the authorizer and selector libraries' functions cannot be reached here)."""
+def _library_estimate(
+    function: str, overload: str, target: _Node | None, args: list[_Node], minor: int
+) -> Estimate | None:
+    """compile.go's draCostEstimator (1.36), then apiserver/pkg/cel/library/cost.go's EstimateCallCost, for the
+    functions this environment declares (the authorizer and selector libraries' functions cannot be reached here)."""
     if function == "includes" and overload == "dra_includes_dyn_dyn" and target is not None:
+        if minor >= 37:  # the lists library's: the target's size, 1 per element (it may be a list under dyn)
+            return _bound(target) * ONE, None
         return CostRange(0, _INCLUDES_MAX) * ONE, None  # like `arg in target`, linear in the list
     if function in _NOMINAL:
         return ONE, None
@@ -930,7 +938,7 @@ def _is_bind(e: _Fold) -> bool:
 
 def estimate_tree(tree: ast.Node, checker: Checker) -> CostRange:
     """cel-go's checker.Cost of a checked tree, with Kubernetes' DRA estimators."""
-    return _Coster().cost(_Expander(checker).expand(tree))
+    return _Coster(checker.env.minor).cost(_Expander(checker).expand(tree))
 
 
 # -- the API server's verdict on a new selector ---------------------------------------------------------------------
@@ -960,6 +968,7 @@ def _new_expressions_env(features: Features) -> CheckEnv:
         EXT_DECLS,
         new_expressions=True,
         consumable_capacity=features.consumable_capacity,
+        minor=features.minor,
     )
 
 

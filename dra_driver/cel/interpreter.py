@@ -358,7 +358,8 @@ class Compiler:
             if macro != "sortBy":
                 return append
             _, decls = self.resolved.get(id(node), ("", ()))
-            return append, call_cost("@sortByAssociatedKeys", decls[0].overload_id if len(decls) == 1 else "")
+            overload = decls[0].overload_id if len(decls) == 1 else ""
+            return append, call_cost("@sortByAssociatedKeys", overload, self.checker.env.minor)
         return {"filter": cost.APPEND_STEP + 1, "transformMap": 3, "transformMapEntry": 2}.get(macro, 0)
 
     def _opt_map(self, node: ast.Comprehension, target: Fn) -> Fn:
@@ -472,9 +473,10 @@ class Compiler:
         """The call's cost: by the overload the checker resolved when it resolved exactly one (cel-go's planner
         keeps no overload id otherwise); `==` and `!=` are always cel-go's `equals` / `not_equals`."""
         function, decls = self.resolved.get(id(node), (name, ()))
+        minor = self.checker.env.minor
         if function in ("_==_", "_!=_"):
-            return call_cost(function, "equals" if function == "_==_" else "not_equals")
-        return call_cost(function, decls[0].overload_id if len(decls) == 1 else "")
+            return call_cost(function, "equals" if function == "_==_" else "not_equals", minor)
+        return call_cost(function, decls[0].overload_id if len(decls) == 1 else "", minor)
 
     @staticmethod
     def _set_membership(element: Fn, keys: frozenset[tuple[str, Any]]) -> Fn:

@@ -17,6 +17,7 @@ from dra_driver.api.quantity import QuantityError, parse_quantity
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError
 from dra_driver.cel.ext.timeutil import Duration, Timestamp
+from dra_driver.cel.features import active
 from dra_driver.cel.goconv import parse_float, parse_int, parse_uint, scalar_text
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.regex import RegexError, compile_go_regex, regex_search
@@ -466,8 +467,12 @@ def _index_of(name: str, act: Activation, s: Any, sub: Any, offset: Any, last: b
         raise no_overload(name, s, sub)
     if offset is None:
         return s.rfind(sub) if last else s.find(sub)
-    if sub == "":
-        return int(offset)  # ext.Strings returns the offset itself, unchecked
+    if sub == "":  # ext.Strings returns the offset itself: unchecked before cel-go 0.29, then clamped to the end
+        if active().minor < 37:
+            return int(offset)
+        if offset < 0:
+            raise EvalError(f"index out of range: {offset}")
+        return min(offset, len(s))
     if offset < 0:
         raise EvalError(f"index out of range: {offset}")
     if offset >= len(s):

@@ -23,7 +23,7 @@ from dra_driver.cel.instantiate import instantiation_error
 from dra_driver.cel.interpreter import Compiler, Fn
 from dra_driver.cel.keys import KeyPlan, plan_keys
 from dra_driver.cel.parser import parse
-from dra_driver.cel.types import BOOL, DYN
+from dra_driver.cel.types import BOOL, DEVICE, T
 from dra_driver.cel.typesys import ANY
 from dra_driver.cel.values import type_name
 
@@ -152,7 +152,7 @@ def expression_length_error(expression: str) -> str | None:
 
 @cache
 def _environment(features: Features) -> CheckEnv:
-    return dra_env(features.list_type_attributes, EXT_DECLS)
+    return dra_env(features.list_values, EXT_DECLS, minor=features.minor)
 
 
 def build_environment() -> None:
@@ -167,6 +167,16 @@ def _compile(expression: str, features: Features) -> Selector | CelCompileError:
         return err.with_traceback(None)  # cached: must not keep the compile's frames alive
 
 
+def _results(features: Features, env: CheckEnv) -> tuple[T, ...]:
+    """The result types compile.go accepts: bool and the environment's attribute type, by cel-go's IsExactType in
+    1.37 (which a bool wrapper passes: its kind and name are bool's); 1.36 compared types by identity, and also took
+    `any` where attributes are `dyn`."""
+    attribute = env.fields[DEVICE.kind]["attributes"].param(1).param(1)
+    if features.minor >= 37:
+        return BOOL, attribute, T("wrapper", (BOOL,))
+    return BOOL, ANY, attribute
+
+
 def build(expression: str, features: Features, env: CheckEnv) -> tuple[Selector, ast.Node, Checker]:
     """Parse, check in `env`, validate and compile, as compile.go's CompileCELExpression does; also returns the
     checked tree (for the cost estimator). Raises `CelCompileError` with Kubernetes' message."""
@@ -177,8 +187,7 @@ def build(expression: str, features: Features, env: CheckEnv) -> tuple[Selector,
         raise CelCompileError(f"compilation failed: {err}") from None
     except RecursionError:
         raise CelCompileError("compilation failed: expression nesting exceeds the supported depth") from None
-    # compile.go accepts bool, the attribute type `any`, and `dyn` once attributes may be lists
-    if result_type not in (BOOL, ANY) and not (features.list_type_attributes and result_type == DYN):
+    if result_type not in _results(features, env):
         raise CelCompileError(f"must evaluate to bool or the unknown type, not {result_type}")
     failure = instantiation_error(tree, checker.references)
     if failure is not None:

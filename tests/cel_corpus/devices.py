@@ -73,7 +73,9 @@ def named_devices() -> dict[str, str]:
     other["driver"] = OTHER_DRIVER
     shared = copy.deepcopy(mig)
     shared["allowMultipleAllocations"] = True
-    list_attr = copy.deepcopy(h100)  # DRAListTypeAttributes (alpha, off in 1.36)
+    list_attr = copy.deepcopy(
+        h100
+    )  # a list attribute (DRAListTypeAttributes, alpha; read whatever the gate since 1.37)
     list_attr["attributes"]["nvlinkPeers"] = {"ints": [1, 2, 3]}
     two_values = copy.deepcopy(h100)  # invalid in the API, but what does each evaluator do with it?
     two_values["attributes"]["index"] = {"int": 0, "string": "zero"}

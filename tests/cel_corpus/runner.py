@@ -6,15 +6,33 @@ import json
 import re
 import subprocess
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from dra_driver.cel import CelCompileError, CelDevice, CelRuntimeError, Features, ast, compile_selector
+from dra_driver.cel import KUBERNETES_1_37, CelCompileError, CelDevice, CelRuntimeError, Features, ast, compile_selector
 from dra_driver.cel.checker import check, dra_env
 from dra_driver.cel.estimate import check_new_selector
 from dra_driver.cel.extlib import EXT_DECLS
+from dra_driver.cel.features import active, configure
 from dra_driver.cel.parser import parse
+
+# The release of tools/celeval's pin (k8s.io/dynamic-resource-allocation v0.36.3): ours runs as that release where
+# the two are compared, whatever our default.
+REFERENCE: Final = KUBERNETES_1_37
+
+
+@contextmanager
+def as_reference() -> Iterator[None]:
+    previous = active()
+    configure(REFERENCE)
+    try:
+        yield
+    finally:
+        configure(previous)
+
 
 Kind = Literal["true", "false", "compile_error", "runtime_error", "crash", "input_error", "panic"]
 
@@ -36,6 +54,11 @@ class Outcome:
 
 def ours(case: Case) -> Outcome:
     """Evaluate as the allocator does: `compile_selector(expr).matches(CelDevice.from_slice_device(...))`."""
+    with as_reference():
+        return _ours(case)
+
+
+def _ours(case: Case) -> Outcome:
     try:
         selector = compile_selector(case.expression)
     except CelCompileError as err:
@@ -54,6 +77,11 @@ def ours(case: Case) -> Outcome:
 
 def ours_with_cost(case: Case) -> Outcome:
     """Like `ours`, evaluated afresh (no memo) to read the cost it charged."""
+    with as_reference():
+        return _ours_with_cost(case)
+
+
+def _ours_with_cost(case: Case) -> Outcome:
     try:
         selector = compile_selector(case.expression)
     except CelCompileError as err:
@@ -194,7 +222,7 @@ def kubernetes_estimates(binary: Path, expressions: list[str], *flags: str, time
 def our_estimate(expression: str, features: Features) -> Estimate:
     """Our verdict, without the length check (as celeval); a crash is its own outcome, not a harness failure."""
     try:
-        verdict = check_new_selector(expression, features, check_length=False)
+        verdict = check_new_selector(expression, replace(features, minor=REFERENCE.minor), check_length=False)
     except Exception as err:
         return Estimate("crash", None, f"{type(err).__name__}: {err}")
     return Estimate(verdict.outcome, verdict.cost.max if verdict.cost is not None else None, verdict.message)

@@ -4,9 +4,10 @@
 //
 // Input (stdin): {"slices": [...], "classes": [...], "claims": [...], "nodes": ["node-a", ...], "repeat": 1,
 // "deviceTaintRules": [...], "features": {"DeviceBindingAndStatus": false, ...}}
-// DeviceTaintRules (resource.k8s.io/v1beta2) are applied to the slices by the scheduler's own ResourceSlice tracker
-// (k8s.io/dynamic-resource-allocation/resourceslice/tracker, fed by informers of a fake clientset), as the
-// DRADeviceTaintRules gate makes the scheduler do; "features" overrides the 1.36 scheduler's allocator features.
+// DeviceTaintRules (resource.k8s.io/v1; v1beta2 has the same fields) are applied to the slices by the scheduler's own
+// ResourceSlice tracker (k8s.io/dynamic-resource-allocation/resourceslice/tracker, fed by informers of a fake
+// clientset), as the DRADeviceTaintRules gate makes the scheduler do; "features" overrides the 1.37 scheduler's
+// allocator features.
 // Each claim is a pod of its own, scheduled in order: one allocator per claim (PreFilter), then Allocate on the nodes
 // starting at node (i mod len(nodes)) until one fits (Filter); what a claim got counts as allocated for the next.
 // Output (stdout): {"results": [{"claim", "node", "devices": [{"request", "driver", "pool", "device", "shared",
@@ -24,7 +25,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	resourcebetaapi "k8s.io/api/resource/v1beta2"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -38,13 +38,13 @@ import (
 )
 
 type input struct {
-	Slices     []*resourceapi.ResourceSlice       `json:"slices"`
-	Classes    []*resourceapi.DeviceClass         `json:"classes"`
-	Claims     []*resourceapi.ResourceClaim       `json:"claims"`
-	Nodes      []string                           `json:"nodes"`
-	Repeat     int                                `json:"repeat"`
-	TaintRules []*resourcebetaapi.DeviceTaintRule `json:"deviceTaintRules"`
-	Features   *structured.Features               `json:"features"`
+	Slices     []*resourceapi.ResourceSlice   `json:"slices"`
+	Classes    []*resourceapi.DeviceClass     `json:"classes"`
+	Claims     []*resourceapi.ResourceClaim   `json:"claims"`
+	Nodes      []string                       `json:"nodes"`
+	Repeat     int                            `json:"repeat"`
+	TaintRules []*resourceapi.DeviceTaintRule `json:"deviceTaintRules"`
+	Features   *structured.Features           `json:"features"`
 }
 
 type device struct {
@@ -89,16 +89,18 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return nil, fmt.Errorf("deviceclass.resource.k8s.io %q not found", name)
 }
 
-// defaultFeatures are the scheduler's with Kubernetes 1.36's default gates (pkg/features/kube_features.go and
-// dynamicresources.go's allocatorFeatures): DRADeviceBindingConditions and DRAResourceClaimDeviceStatus are beta and
-// on, so DeviceBindingAndStatus is too; the scheduler does not pass DRAListTypeAttributes to the allocator.
+// defaultFeatures are the scheduler's with Kubernetes 1.37's default gates (pkg/features/kube_features.go and
+// dynamicresources.go's AllocatorFeatures): DRADeviceBindingConditions (beta) and DRAResourceClaimDeviceStatus (GA)
+// are on, so DeviceBindingAndStatus is too; DRAFractionalCapacityRange is beta and on; DRAListTypeAttributes,
+// DRAOptionalNodeOperations, DRADerivedAttributes and DRADeviceCompatibilityGroups are alpha and off.
 var defaultFeatures = structured.Features{
-	AdminAccess:            true,
-	PrioritizedList:        true,
-	PartitionableDevices:   true,
-	DeviceTaints:           true,
-	DeviceBindingAndStatus: true,
-	ConsumableCapacity:     true,
+	AdminAccess:             true,
+	PrioritizedList:         true,
+	PartitionableDevices:    true,
+	DeviceTaints:            true,
+	DeviceBindingAndStatus:  true,
+	ConsumableCapacity:      true,
+	FractionalCapacityRange: true,
 }
 
 // patchedSlices are the slices as the scheduler's tracker shows them with the DeviceTaintRules applied.
@@ -109,9 +111,6 @@ func patchedSlices(ctx context.Context, in *input) ([]*resourceapi.ResourceSlice
 	objects := []runtime.Object{}
 	for _, s := range in.Slices {
 		objects = append(objects, s)
-	}
-	for _, c := range in.Classes {
-		objects = append(objects, c)
 	}
 	for _, r := range in.TaintRules {
 		objects = append(objects, r)
@@ -124,8 +123,7 @@ func patchedSlices(ctx context.Context, in *input) ([]*resourceapi.ResourceSlice
 		EnableDeviceTaintRules:   true,
 		EnableConsumableCapacity: true,
 		SliceInformer:            factory.Resource().V1().ResourceSlices(),
-		TaintInformer:            factory.Resource().V1beta2().DeviceTaintRules(),
-		ClassInformer:            factory.Resource().V1().DeviceClasses(),
+		TaintInformer:            factory.Resource().V1().DeviceTaintRules(),
 	})
 	if err != nil {
 		return nil, err
@@ -165,7 +163,10 @@ func run(ctx context.Context, in *input, slices []*resourceapi.ResourceSlice) ([
 		nodes[i] = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
 	}
 	// The scheduler's cache size and CEL features (dynamicresources.go).
-	celCache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity})
+	celCache := cel.NewCache(10, cel.Features{
+		EnableConsumableCapacity: features.ConsumableCapacity,
+		EnableListTypeAttributes: features.ListTypeAttributes,
+	})
 	state := structured.AllocatedState{
 		AllocatedDevices:         sets.New[structured.DeviceID](),
 		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),

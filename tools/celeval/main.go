@@ -64,7 +64,7 @@ type result struct {
 const evalTimeout = 10 * time.Second
 
 func main() {
-	// Kubernetes 1.36 defaults: DRAConsumableCapacity is beta and on, DRAListTypeAttributes is alpha and off
+	// Kubernetes 1.37 defaults (as 1.36's): DRAConsumableCapacity is beta and on, DRAListTypeAttributes is alpha and off
 	// (pkg/features/kube_features.go); the scheduler passes exactly these two to cel.NewCache.
 	consumable := flag.Bool("consumable-capacity", true, "the DRAConsumableCapacity feature gate")
 	listAttrs := flag.Bool("list-type-attributes", false, "the DRAListTypeAttributes feature gate")
