@@ -169,6 +169,53 @@ def test_every_layout_the_gpu_accepts_fits_the_counters(sim_factory, machine: st
         assert all(_qty(ca[k].value) + _qty(cb[k].value) > counters[k] for k in shared), (a.name, b.name)
 
 
+@pytest.mark.parametrize("machine", ["dgx-a100", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72-tray", "mixed"])
+def test_the_published_counters_admit_exactly_what_every_counter_would(sim_factory, machine: str) -> None:
+    """Only the capacity counters that bind are published (slices.counters.binding_capacities): brute force over
+    every combination of a GPU's partitions with disjoint memory slices, each is admitted by the published counters
+    if and only if it is admitted by a counter for every capacity (each at its legal maximum, counter_totals)."""
+    from dra_driver.slices.counters import counter_totals, profile_capacities
+
+    sim = sim_factory(machine)
+    dev = sim.nvmlDeviceGetHandleByIndex(0)
+    if sim.nvmlDeviceSetMigMode(dev, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_ERROR_RESET_REQUIRED:
+        sim.reset_gpu(0)  # Ampere: MIG on demand needs MIG on
+    inv = discover(sim, sim.sysfs_root)
+    slices = build_slices(inv, node_name="n", k8s_version="1.37", mode=PublishMode.PARTITIONABLE)
+    gpu = inv.gpus[0]
+    counter_set = next(
+        c for s in slices for c in s.spec.shared_counters or [] if c.name.endswith(f"-{gpu.minor}-counter-set")
+    )
+    published = {k: _qty(c.value) for k, c in counter_set.counters.items()}
+    assert len(published) < len(A.MIG_CAPACITIES) + 8  # fewer than a counter per capacity and memory slice
+    totals = counter_totals(gpu.mig_profiles)
+    partitions = []  # (first memory slice, slices, published consumption, every capacity)
+    for d in _devices(slices):
+        ref = parse_device_name(d.name)
+        if isinstance(ref, MigRef) and ref.parent_minor == gpu.minor:
+            profile = gpu.profile(ref.profile_id)
+            consumed = {k: _qty(v.value) for k, v in (d.consumes_counters or [])[0].counters.items()}
+            partitions.append((ref.placement_start, profile.memory_slices, consumed, profile_capacities(profile)))
+    partitions.sort(key=lambda p: p[0])
+    checked = refused = 0
+
+    def walk(i: int, free_from: int, chosen: list[tuple[int, int, dict[str, int], dict[str, int]]]) -> None:
+        nonlocal checked, refused
+        if i == len(partitions):
+            full = all(sum(p[3][c] for p in chosen) <= totals[c] for c in A.MIG_CAPACITIES)
+            ours = all(sum(p[2].get(k, 0) for p in chosen) <= v for k, v in published.items())
+            assert full == ours, [p[:2] for p in chosen]
+            checked, refused = checked + 1, refused + (not full)
+            return
+        walk(i + 1, free_from, chosen)
+        start, size = partitions[i][:2]
+        if start >= free_from:  # sorted by start: disjoint from everything chosen
+            walk(i + 1, start + size, [*chosen, partitions[i]])
+
+    walk(0, 0, [])
+    assert checked > 1000 and refused > 0, (checked, refused)  # the counters that remain do refuse something
+
+
 def test_counters_cover_the_largest_layout_sum() -> None:
     """Seven 1g instances need more copy engines than any single profile has on this synthetic part."""
 

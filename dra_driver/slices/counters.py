@@ -1,13 +1,15 @@
 """The shared counters of a MIG-capable GPU (KEP-4815 partitionable devices).
 
-One counter set per GPU: one counter per MIG capacity plus one per memory slice. Every MIG partition
-consumes its capacities and its memory slices; the whole GPU consumes everything, so the scheduler can
-never hand out overlapping partitions or a partition together with its whole GPU.
+One counter set per GPU: one counter per memory slice, plus one per MIG capacity that refuses a combination of
+partitions the memory slices allow (`binding_capacities`: on every product simulated, one or two media engines).
+Every MIG partition consumes its memory slices and those capacities; the whole GPU consumes everything, so the
+scheduler can never hand out overlapping partitions or a partition together with its whole GPU.
 """
 
 from __future__ import annotations
 
 from functools import cache
+from itertools import combinations
 
 from dra_driver.nvml.inventory import MigProfile
 from dra_driver.slices.attributes import (
@@ -76,3 +78,46 @@ def counter_totals(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
 
     totals = best(0, compute_budget, (0,) * len(profiles))
     return dict(zip(MIG_CAPACITIES, totals, strict=True))
+
+
+def _most_with(profiles: tuple[MigProfile, ...], target: str, limits: dict[str, int]) -> int:
+    """The most of capacity `target` that non-overlapping partitions (what the memory-slice counters alone admit:
+    instance limits and the compute budget not applied) consume together while staying within `limits`."""
+    slices = memory_slice_count(profiles)
+    starts: dict[int, list[int]] = {}
+    for i, p in enumerate(profiles):
+        for pl in p.placements:
+            starts.setdefault(pl.start, []).append(i)
+    caps = [profile_capacities(p) for p in profiles]
+    bound = tuple(limits)
+    memo: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def best(pos: int, acc: tuple[int, ...]) -> int:
+        if pos >= slices:
+            return 0
+        key = (pos, acc)
+        if key not in memo:
+            result = best(pos + 1, acc)
+            for i in starts.get(pos, []):
+                nxt = tuple(a + caps[i][c] for a, c in zip(acc, bound, strict=True))
+                if all(v <= limits[c] for v, c in zip(nxt, bound, strict=True)):
+                    result = max(result, caps[i][target] + best(pos + profiles[i].memory_slices, nxt))
+            memo[key] = result
+        return memo[key]
+
+    return best(0, (0,) * len(bound))
+
+
+@cache
+def binding_capacities(profiles: tuple[MigProfile, ...]) -> tuple[str, ...]:
+    """The capacity counters worth publishing: with the memory slices, they refuse every combination of partitions
+    that the full set of counters refuses, so the scheduler admits exactly the same combinations. The others refuse
+    nothing these do not, and each counter a device consumes is work for the scheduler on every node it tries.
+    The fewest that do (the first such set in MIG_CAPACITIES order)."""
+    totals = counter_totals(profiles)
+    for size in range(len(MIG_CAPACITIES) + 1):
+        for kept in combinations(MIG_CAPACITIES, size):
+            limits = {c: totals[c] for c in kept}
+            if all(_most_with(profiles, c, limits) <= totals[c] for c in MIG_CAPACITIES if c not in limits):
+                return kept
+    raise AssertionError("unreachable: with every capacity kept, none is left out")

@@ -20,7 +20,7 @@ from dra_driver.api.slice import (
 )
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
 from dra_driver.slices import attributes as A
-from dra_driver.slices.counters import counter_totals, memory_slice_count, profile_capacities
+from dra_driver.slices.counters import binding_capacities, counter_totals, memory_slice_count, profile_capacities
 from dra_driver.slices.naming import counter_set_name, gpu_device_name, mig_device_name
 
 log = logging.getLogger(__name__)
@@ -109,10 +109,14 @@ def _capacities(profile: MigProfile) -> dict[str, DeviceCapacity]:
     return {k: DeviceCapacity(value=_quantity(k, v)) for k, v in profile_capacities(profile).items()}
 
 
+def _counted(profiles: tuple[MigProfile, ...], values: dict[str, int]) -> dict[str, Counter]:
+    """The capacity counters of `values` that bind (counters.binding_capacities), by counter name."""
+    bind = binding_capacities(profiles)
+    return {A.counter_name(k): Counter(value=_quantity(k, v)) for k, v in values.items() if v and k in bind}
+
+
 def _counter_set(gpu: GpuInfo) -> CounterSet:
-    counters = {
-        A.counter_name(k): Counter(value=_quantity(k, v)) for k, v in counter_totals(gpu.mig_profiles).items() if v
-    }
+    counters = _counted(gpu.mig_profiles, counter_totals(gpu.mig_profiles))
     for s in range(memory_slice_count(gpu.mig_profiles)):
         counters[A.memory_slice_counter(s)] = Counter(value="1")
     return CounterSet(name=counter_set_name(gpu.minor), counters=counters)
@@ -146,9 +150,7 @@ def _partitionable(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
         key=lambda item: _partition_order(*item),
     )
     for profile, start in partitions:
-        consumed = {
-            A.counter_name(k): Counter(value=_quantity(k, v)) for k, v in profile_capacities(profile).items() if v
-        }
+        consumed = _counted(gpu.mig_profiles, profile_capacities(profile))
         for s in range(start, start + profile.memory_slices):
             consumed[A.memory_slice_counter(s)] = Counter(value="1")
         group.devices.append(
