@@ -34,7 +34,7 @@ class PublishMode(StrEnum):
 
 
 # The daemon's default, and the chart's before Kubernetes 1.37: there MIG partitions carved on demand cost the
-# kube-scheduler more with every partitionable node (40x fewer pods/s on 100 nodes; bench/bench_scheduler.py,
+# kube-scheduler more with every partitionable node (20x fewer pods/s on 100 nodes; bench/bench_scheduler.py,
 # docs/resourceslices.md), so they are opt-in, as NVIDIA's DynamicMIG is; static publishes whole GPUs and the MIG
 # devices an admin created. From 1.37 the chart defaults to partitionable (its dra-driver.mode template).
 DEFAULT_MODE: Final = PublishMode.STATIC

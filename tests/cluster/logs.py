@@ -45,9 +45,11 @@ KUBELET_ROUTINE = (
     ),
     # the liveness or readiness probe's exec cancelled by the kubelet itself because the container is stopping, or
     # (kubelet 1.37) started just as containerd removed the stopped container's task
-    re.compile(r'"ExecSync cmd from runtime service failed" err="rpc error: code = (Canceled desc = context canceled'
-               r'|NotFound desc = failed to exec in container: (failed to create exec \\"\w+\\": container not '
-               r'created|failed to load task: no running task found): not found)"'),  # fmt: skip
+    re.compile(
+        r'"ExecSync cmd from runtime service failed" err="rpc error: code = (Canceled desc = context canceled'
+        r'|NotFound desc = failed to exec in container: (failed to create exec \\"\w+\\": container not '
+        r'created|failed to load task: no running task found): not found)"'
+    ),
 )
 PLUGIN_CONTAINER = "plugin"
 _SAYS_ERROR = re.compile(r"\b(ERROR|Error|error|WARNING|Traceback|FATAL|panic)\b")
