@@ -1,9 +1,10 @@
 """The version matrix: every supported Kubernetes minor besides the primary one (tools/k8sbins/versions/: the latest
 patch of each that the Go module proxy serves, built by `scripts/build-control-plane.sh VERSION`), each run as its
 users run it: a control plane and a real node of that version with its default feature gates, the driver installed
-by its chart, and the smoke set: the slices the driver publishes for that version stored as published, a whole GPU,
-a MIG partition, a claim shared by two pods, and a kubelet restart that running pods outlive with their devices.
-The primary version runs the full suite.
+by its chart with the chart's default layout for that version (static before 1.37: whole GPUs and the MIG devices
+an admin created, here a 1g.10gb instance on GPU 0 made before the install), and the smoke set: the slices the
+driver publishes for that version stored as published, a whole GPU, a MIG partition, a claim shared by two pods,
+and a kubelet restart that running pods outlive with their devices. The primary version runs the full suite.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pynvml
 import pytest
 
 from dra_driver.nvml.discovery import discover
@@ -21,11 +23,14 @@ from tests.cluster.controlplane import ControlPlane, matrix_versions
 from tests.cluster.driver import DRIVER_NAME as D
 from tests.cluster.fixtures import SharedNode, start_node, stop_node
 from tests.cluster.node import NODE_CONTROLLERS
+from tests.polling import wait_until
+from tests.simhelpers import create_full_ci, create_gi
 from tests.test_apiserver_accepts_slices import _differences
-from tests.test_real_node_life import delete_and_check_clean
-from tests.test_real_pods import GPU, SHARED, Cluster, claim, deployed, mig, pod, req, template, time_slice
+from tests.test_real_pods import GPU, NS, SHARED, Cluster, claim, deployed, mig, pod, req, template, time_slice
 
 pytestmark = pytest.mark.timeout(900)
+MACHINE = "dgx-h100"
+PROFILE_1G_10GB = 19
 
 
 @pytest.fixture(scope="module", params=matrix_versions())
@@ -34,10 +39,35 @@ def versioned(request: pytest.FixtureRequest, node_binaries: Any, shared_node: S
     cp = ControlPlane(version=request.param, service_accounts=True, controllers=NODE_CONTROLLERS)
     node = start_node(cp)
     try:
-        with deployed(node) as c:
+        # what an admin made before installing the driver: MIG on GPU 0, one 1g.10gb instance (Hopper: no reset)
+        sim = SimulatedNvml(MACHINE, node.work_dir / "sim-state" / MACHINE)
+        sim.nvmlInit()
+        gpu = sim.nvmlDeviceGetHandleByIndex(0)
+        sim.nvmlDeviceSetMigMode(gpu, pynvml.NVML_DEVICE_MIG_ENABLE)
+        create_full_ci(sim, create_gi(sim, gpu, PROFILE_1G_10GB, 6, 1), 1)
+        sim.nvmlShutdown()
+        with deployed(node, values=["--set", "mode="], machine=MACHINE) as c:  # the chart's default layout
             yield c
     finally:
         stop_node(node)
+
+
+def default_mode(minor: int) -> PublishMode:
+    """The chart's default layout (templates/_helpers.tpl, dra-driver.mode)."""
+    return PublishMode.PARTITIONABLE if minor >= 37 else PublishMode.STATIC
+
+
+def minor_of(c: Cluster) -> int:
+    return int(c.cp.kubectl_json("version", "-o", "json")["serverVersion"]["minor"])
+
+
+def delete_and_check_clean(c: Cluster, *names: str) -> None:
+    """The pods deleted, their claims unprepared: no CDI spec or checkpoint entry left; the admin's MIG instance is
+    still there (the driver never destroys what it did not make)."""
+    c.cp.kubectl("delete", "pod", *names, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    wait_until("claim specs removed", lambda: c.claim_specs() == [], timeout=60)
+    wait_until("checkpoint empty", lambda: c.release.checkpoint_claims() == {}, timeout=30)
+    assert c.mig_instances() == [(0, PROFILE_1G_10GB, 6)]
 
 
 def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -50,7 +80,7 @@ def test_the_server_stores_the_slices_as_the_driver_published_them_for_its_versi
     assert server == versioned.cp.version
     sim = SimulatedNvml(release.machine, release.sim_state / release.machine)
     built = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name=versioned.node.name,
-                                              k8s_version=server, mode=PublishMode(release.mode))]  # fmt: skip
+                                              k8s_version=server, mode=default_mode(minor_of(versioned)))]  # fmt: skip
     stored = release.slices()
     assert len(stored) == len(built)
 
@@ -75,10 +105,10 @@ def test_a_whole_gpu_a_mig_partition_and_a_shared_claim(versioned: Cluster) -> N
     for p in pods:
         versioned.wait_running(p["metadata"]["name"])
         versioned.check_sees_its_devices(p["metadata"]["name"])
-    assert len(versioned.mig_instances()) == 1
+    assert versioned.mig_instances() == [(0, PROFILE_1G_10GB, 6)]  # the admin's, handed out as it is
     assert versioned.expected("ts-0")[2] == versioned.expected("ts-1")[2]
     delete_and_check_clean(versioned, "whole", "small", "ts-0", "ts-1")
-    versioned.cp.kubectl("delete", "resourceclaim", "timesliced", "-n", "e2e", "--wait=true")
+    versioned.cp.kubectl("delete", "resourceclaim", "timesliced", "-n", NS, "--wait=true")
 
 
 def test_running_pods_outlive_a_kubelet_restart_with_their_devices(versioned: Cluster) -> None:
@@ -87,7 +117,7 @@ def test_running_pods_outlive_a_kubelet_restart_with_their_devices(versioned: Cl
     registered = versioned.release.registrations()
     versioned.node.restart_kubelet()
     versioned.release.wait_registered(time.monotonic() + 60, registrations=registered + 1)
-    after = versioned.cp.kubectl_json("get", "pod", "before-restart", "-n", "e2e")
+    after = versioned.cp.kubectl_json("get", "pod", "before-restart", "-n", NS)
     assert after["status"]["phase"] == "Running"
     assert (
         after["status"]["containerStatuses"][0]["containerID"]
