@@ -305,3 +305,112 @@ def test_what_kueue_0_17_cannot_count(cluster: Cluster) -> None:
     assert "CEL selectors are not supported" in reasons["selector"]
     assert reasons["direct-claim"], reasons
     assert c.suspended(ns, "direct-claim") and c.suspended(ns, "selector")
+
+
+# Topology-aware scheduling: GB200 NVL72 compute trays (4 GPUs each) of one NVLink fabric, two cliques of two trays,
+# labelled as the node daemon labels them (`--node-labels`). Kueue v0.17 places a job's pods in one topology domain
+# from node labels, counting what node.status.allocatable holds: DRA devices are not there, so each pod asks for a
+# whole tray's CPU beside its claim for the tray's four GPUs (one pod per tray), and the scheduler allocates the GPUs.
+FABRIC = "5f0c2c0e-7a1b-4c7e-9e6f-0000000000bb"
+TRAYS = {"tray-a0": 1, "tray-a1": 1, "tray-b0": 2, "tray-b1": 2}  # node -> clique
+CLIQUE_LABEL = f"{D}/gpu.clique"
+TRAY_CPU = "100"  # ControlPlane.create_node's allocatable CPU
+
+
+@pytest.fixture(scope="module")
+def trays(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The trays' Nodes and slices, a Topology (clique, then host), a ResourceFlavor of the fabric's nodes and a
+    queue for it; yields the namespace."""
+    from dra_driver.labels import node_labels
+
+    cp, ns = cluster.cp, "team-topology"
+    tmp = tmp_path_factory.mktemp("trays")
+    slices: list[dict[str, Any]] = []
+    for node, clique in TRAYS.items():
+        sim = SimulatedNvml("gb200-nvl72-tray", tmp / node)
+        sim.place_in_fabric(FABRIC, clique)
+        inventory = discover(sim, sim.sysfs_root)
+        uid = cp.create_node(node, labels=node_labels(inventory, D))
+        slices += [s.to_api() for s in build_slices(inventory, node_name=node, k8s_version="1.37",
+                                                    mode=PublishMode.GPUS, node_uid=uid)]  # fmt: skip
+    cluster.apply(
+        *slices,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "metadata": {"name": "nvlink"},
+         "spec": {"levels": [{"nodeLabel": CLIQUE_LABEL}, {"nodeLabel": "kubernetes.io/hostname"}]}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "nvl72"},
+         "spec": {"nodeLabels": {f"{D}/gpu.nvlink-cluster": FABRIC}, "topologyName": "nvlink"}},
+        # The GPUs' quota in a flavor without a topology: Kueue v0.17 checks a TAS flavor's every resource against
+        # node.status.allocatable when it admits, where DRA devices are not (so a TAS-flavored GPU never fits).
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "nvl72-gpus"},
+         "spec": {"nodeLabels": {f"{D}/gpu.nvlink-cluster": FABRIC}}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "topology"},
+         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                  "resourceGroups": [
+                      {"coveredResources": ["cpu"], "flavors": [
+                          {"name": "nvl72", "resources": [{"name": "cpu", "nominalQuota": "1000"}]}]},
+                      {"coveredResources": ["whole-gpus"], "flavors": [
+                          {"name": "nvl72-gpus", "resources": [{"name": "whole-gpus", "nominalQuota": 64}]}]}]}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "nvl72", "namespace": ns},
+         "spec": {"clusterQueue": "topology"}},
+    )  # fmt: skip
+    yield ns
+    for node in TRAYS:
+        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}")
+
+
+def clique_job(c: Cluster, ns: str, name: str, pods: int) -> None:
+    """`pods` pods, each a whole tray (its CPU and a claim for its four GPUs), all in one NVLink clique."""
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": f"{name}-gpus", "namespace": ns},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "gpus", "exactly": {"deviceClassName": GPU_CLASS, "count": 4}}]}}}}  # fmt: skip
+    job = c._job(ns, name, pods, {"resourceClaimTemplateName": f"{name}-gpus"}, "nvl72")
+    pod = job["spec"]["template"]
+    pod["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": CLIQUE_LABEL}}
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": TRAY_CPU}
+    c.apply(template, job)
+
+
+def placed(c: Cluster, ns: str, job: str, pods: int) -> None:
+    """Wait until the Job's `pods` pods are bound to trays."""
+    try:
+        wait_for(f"{job} placed", lambda: len(got := cliques_of(c, ns, job)) == pods and "" not in got, 60)
+    except AssertionError as e:
+        pods_now = [(p["metadata"]["name"], p["spec"].get("nodeName"), p["spec"].get("nodeSelector"),
+                     p["status"].get("conditions")) for p in c.running_pods(ns, job)]  # fmt: skip
+        raise AssertionError(f"{e}\n{c.explain([(ns, job)])}\n{pods_now}") from None
+
+
+def cliques_of(c: Cluster, ns: str, job: str) -> list[str]:
+    """The clique label of each node the Job's pods are bound to ("" for a pod not bound yet)."""
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in c.cp.kubectl_json("get", "nodes")["items"]}
+    return [nodes.get(p["spec"].get("nodeName", ""), {}).get(CLIQUE_LABEL, "") for p in c.running_pods(ns, job)]
+
+
+def test_a_multi_node_job_lands_in_one_nvlink_clique_or_waits(cluster: Cluster, trays: str) -> None:
+    """Kueue's topology-aware scheduling on the driver's clique label: a three-tray job waits while every tray is
+    free, as no clique has three trays; a two-tray job is admitted into one clique and the scheduler binds its pods
+    there, each with its tray's four GPUs; a second one fills the other clique."""
+    c, ns = cluster, trays
+    clique_job(c, ns, "too-big", 3)
+    try:  # the largest clique holds two trays
+        wait_for("too-big refused", lambda: "allows to fit only 2 out of 3" in c.pending_message(ns, "too-big"), 60)
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {c.explain([(ns, 'too-big')])}") from None
+    assert 'topology "nvlink"' in c.pending_message(ns, "too-big")
+    assert c.suspended(ns, "too-big") and c.running_pods(ns, "too-big") == []
+    clique_job(c, ns, "first", 2)
+    placed(c, ns, "first", 2)
+    assert len(set(cliques_of(c, ns, "first"))) == 1, c.explain([(ns, "first")])
+    clique_job(c, ns, "second", 2)
+    placed(c, ns, "second", 2)
+    assert len(set(cliques_of(c, ns, "second"))) == 1
+    assert set(cliques_of(c, ns, "first")) != set(cliques_of(c, ns, "second"))  # the other clique
+    for job in ("first", "second"):  # each pod got its tray's four GPUs, on the node it is bound to
+        for p in c.running_pods(ns, job):
+            (status,) = p["status"]["resourceClaimStatuses"]
+            claim = c.cp.kubectl_json("get", "resourceclaim", status["resourceClaimName"], "-n", ns)
+            results = claim["status"]["allocation"]["devices"]["results"]
+            assert len(results) == 4 and {r["pool"] for r in results} == {p["spec"]["nodeName"]}
+    assert c.suspended(ns, "too-big")
