@@ -99,13 +99,14 @@ def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_
             'E1204 00:00:02.0 1 remote_runtime.go:636] "ExecSync cmd from runtime service failed" err="rpc '
             'error: code = Canceled desc = context canceled" cmd=["dra-driver","probe","gpu.example.com"]\n'
         )
-        for gone in (  # kubelet 1.37: a probe started as containerd removed the stopped container
-            'failed to create exec \\"98f3db5b\\": container not created: not found',
-            "failed to load task: no running task found: not found",
+        for code, gone in (  # kubelet 1.37: a probe started as the container stopped or containerd removed it
+            ("NotFound", 'failed to create exec \\"98f3db5b\\": container not created: not found'),
+            ("NotFound", "failed to load task: no running task found: not found"),
+            ("Unknown", 'failed to create exec \\"aa73cb8f\\": cannot exec in a stopped state'),
         ):
             f.write(
                 'E1204 00:00:02.5 1 remote_runtime.go:724] "ExecSync cmd from runtime service failed" err="rpc '
-                f'error: code = NotFound desc = failed to exec in container: {gone}" containerID="536e" '
+                f'error: code = {code} desc = failed to exec in container: {gone}" containerID="536e" '
                 'cmd=["dra-driver","probe","--driver=gpu.example.com"]\n'
             )
         f.write(
