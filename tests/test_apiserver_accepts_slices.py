@@ -21,13 +21,18 @@ from tests.cluster.controlplane import ControlPlane, matrix_versions
 NODE = "slice-test-node"
 
 
+# What the layouts use, beta and on by default from 1.36, alpha in 1.34 and 1.35: a cluster that publishes them there
+# turns these on (without them the server drops the fields, as the driver's docs say).
+LAYOUT_GATES = {"DRAPartitionableDevices": True, "DRAConsumableCapacity": True, "DRADeviceTaints": True}
+
+
 @pytest.fixture(scope="module", params=[None, *matrix_versions()], ids=lambda v: v or "primary")
 def server(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterator[ControlPlane]:
     """The primary version's API server (the session's), then one of each version of the matrix."""
     if request.param is None:
         yield control_plane
         return
-    with ControlPlane(version=request.param) as cp:
+    with ControlPlane(version=request.param, feature_gates=LAYOUT_GATES) as cp:
         yield cp
 
 
@@ -118,8 +123,8 @@ def test_server_accepts_our_slices(
     mode: PublishMode,
 ) -> None:
     """What the driver publishes for the server's minor, and for the minor before (a driver configured for an older
-    control plane during an upgrade)."""
-    version = f"1.{minor - behind}"
+    control plane during an upgrade), back to 1.35: from 1.35 on servers refuse 1.34's layout (the test below)."""
+    version = f"1.{max(minor - behind, 35)}"
     slices = [s.to_api() for s in _slices(machine, tmp_path, node, version, mode)]
     _apply_and_compare(server, slices, node, f"{machine}/{version}/{mode}")
 
