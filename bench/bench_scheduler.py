@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.devices import PublishMode
-from tests.cluster.controlplane import ControlPlane, matrix_versions
+from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions
 from tests.test_allocbench import class_name, classes, fleet
 from tests.test_publisher import api_client
 
@@ -173,7 +173,8 @@ def run_layout(
     names, slices = fleet(nodes, tmp, mode)
 
     kinds = WORKLOADS[workload]
-    with ControlPlane(version=version) as cp:
+    # a version of the matrix with the gates its users turn on for these layouts (alpha before 1.36)
+    with ControlPlane(version=version, feature_gates=LAYOUT_GATES if version else None) as cp:
         server = cp.kubectl_json("version", "-o", "json")["serverVersion"]["gitVersion"]
         api = api_client(cp.kubeconfig)
         metrics = Metrics(cp)

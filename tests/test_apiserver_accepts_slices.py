@@ -16,14 +16,9 @@ from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
-from tests.cluster.controlplane import ControlPlane, matrix_versions
+from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions
 
 NODE = "slice-test-node"
-
-
-# What the layouts use, beta and on by default from 1.36, alpha in 1.34 and 1.35: a cluster that publishes them there
-# turns these on (without them the server drops the fields, as the driver's docs say).
-LAYOUT_GATES = {"DRAPartitionableDevices": True, "DRAConsumableCapacity": True, "DRADeviceTaints": True}
 
 
 @pytest.fixture(scope="module", params=[None, *matrix_versions()], ids=lambda v: v or "primary")

@@ -44,6 +44,13 @@ DEFAULT_FEATURE_GATES: dict[str, bool] = {
     "DRADeviceTaintRules": True,
 }
 DEFAULT_RUNTIME_CONFIG: dict[str, bool] = {"resource.k8s.io/v1beta2": True}
+# What the driver's slice layouts use: beta and on by default from 1.36, alpha (off) in 1.34 and 1.35, where a
+# cluster that publishes partitionable or shared devices turns these on (without them the server drops the fields).
+LAYOUT_GATES: dict[str, bool] = {
+    "DRAPartitionableDevices": True,
+    "DRAConsumableCapacity": True,
+    "DRADeviceTaints": True,
+}
 # Never node-lifecycle-controller: without kubelet heartbeats it would taint every Node unreachable.
 DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "resourceclaim-controller",
