@@ -175,7 +175,7 @@ def run_layout(
     kinds = WORKLOADS[workload]
     # a version of the matrix with the gates its users turn on for these layouts (alpha before 1.36)
     with ControlPlane(version=version, feature_gates=LAYOUT_GATES if version else None) as cp:
-        server = cp.kubectl_json("version", "-o", "json")["serverVersion"]["gitVersion"]
+        server = cp.server_version()
         api = api_client(cp.kubeconfig)
         metrics = Metrics(cp)
         create_nodes(api, names)

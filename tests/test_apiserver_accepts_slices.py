@@ -16,6 +16,7 @@ from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
+from dra_driver.slices.limits import parse_minor
 from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions
 
 NODE = "slice-test-node"
@@ -33,7 +34,7 @@ def server(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Itera
 
 @pytest.fixture(scope="module")
 def minor(server: ControlPlane) -> int:
-    return int(server.kubectl_json("version", "-o", "json")["serverVersion"]["minor"])
+    return parse_minor(server.server_version())
 
 
 @pytest.fixture(scope="module")

@@ -72,11 +72,18 @@ class Cluster:
 
     def job(self, ns: str, name: str, *, pods: int, gpus: int, queue: str | None = "gpu") -> None:
         """A Job of `pods` pods, each with a claim for `gpus` whole GPUs from a ResourceClaimTemplate."""
+        self.apply(*self._gpu_job(ns, name, pods, gpus, queue))
+
+    @classmethod
+    def _gpu_job(
+        cls, ns: str, name: str, pods: int, gpus: int, queue: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The ResourceClaimTemplate for `gpus` whole GPUs and the Job whose pods claim from it."""
         template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                     "metadata": {"name": f"{name}-gpus", "namespace": ns},
                     "spec": {"spec": {"devices": {"requests": [
                         {"name": "gpus", "exactly": {"deviceClassName": GPU_CLASS, "count": gpus}}]}}}}  # fmt: skip
-        self.apply(template, self._job(ns, name, pods, {"resourceClaimTemplateName": f"{name}-gpus"}, queue))
+        return template, cls._job(ns, name, pods, {"resourceClaimTemplateName": f"{name}-gpus"}, queue)
 
     @staticmethod
     def _job(ns: str, name: str, pods: int, source: dict[str, str], queue: str | None) -> dict[str, Any]:
@@ -361,11 +368,7 @@ def trays(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def clique_job(c: Cluster, ns: str, name: str, pods: int) -> None:
     """`pods` pods, each a whole tray (its CPU and a claim for its four GPUs), all in one NVLink clique."""
-    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": f"{name}-gpus", "namespace": ns},
-                "spec": {"spec": {"devices": {"requests": [
-                    {"name": "gpus", "exactly": {"deviceClassName": GPU_CLASS, "count": 4}}]}}}}  # fmt: skip
-    job = c._job(ns, name, pods, {"resourceClaimTemplateName": f"{name}-gpus"}, "nvl72")
+    template, job = c._gpu_job(ns, name, pods, 4, "nvl72")
     pod = job["spec"]["template"]
     pod["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": CLIQUE_LABEL}}
     pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": TRAY_CPU}

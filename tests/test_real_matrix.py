@@ -19,18 +19,19 @@ import pytest
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
+from dra_driver.slices.limits import parse_minor
 from tests.cluster.controlplane import ControlPlane, matrix_versions
 from tests.cluster.driver import DRIVER_NAME as D
 from tests.cluster.fixtures import SharedNode, start_node, stop_node
 from tests.cluster.node import NODE_CONTROLLERS
-from tests.polling import wait_until
 from tests.simhelpers import create_full_ci, create_gi
 from tests.test_apiserver_accepts_slices import _differences
+from tests.test_real_node_life import delete_and_check_clean
 from tests.test_real_pods import GPU, NS, SHARED, Cluster, claim, deployed, mig, pod, req, template, time_slice
 
 pytestmark = pytest.mark.timeout(900)
 MACHINE = "dgx-h100"
-PROFILE_1G_10GB = 19
+ADMINS = [(0, 19, 6)]  # the MIG instance an admin made: GPU 0, 1g.10gb (profile 19) at memory slice 6
 
 
 @pytest.fixture(scope="module", params=matrix_versions())
@@ -42,9 +43,10 @@ def versioned(request: pytest.FixtureRequest, node_binaries: Any, shared_node: S
         # what an admin made before installing the driver: MIG on GPU 0, one 1g.10gb instance (Hopper: no reset)
         sim = SimulatedNvml(MACHINE, node.work_dir / "sim-state" / MACHINE)
         sim.nvmlInit()
-        gpu = sim.nvmlDeviceGetHandleByIndex(0)
+        ((index, profile, start),) = ADMINS
+        gpu = sim.nvmlDeviceGetHandleByIndex(index)
         sim.nvmlDeviceSetMigMode(gpu, pynvml.NVML_DEVICE_MIG_ENABLE)
-        create_full_ci(sim, create_gi(sim, gpu, PROFILE_1G_10GB, 6, 1), 1)
+        create_full_ci(sim, create_gi(sim, gpu, profile, start, 1), 1)
         sim.nvmlShutdown()
         with deployed(node, values=["--set", "mode="], machine=MACHINE) as c:  # the chart's default layout
             yield c
@@ -57,30 +59,17 @@ def default_mode(minor: int) -> PublishMode:
     return PublishMode.PARTITIONABLE if minor >= 37 else PublishMode.STATIC
 
 
-def minor_of(c: Cluster) -> int:
-    return int(c.cp.kubectl_json("version", "-o", "json")["serverVersion"]["minor"])
-
-
-def delete_and_check_clean(c: Cluster, *names: str) -> None:
-    """The pods deleted, their claims unprepared: no CDI spec or checkpoint entry left; the admin's MIG instance is
-    still there (the driver never destroys what it did not make)."""
-    c.cp.kubectl("delete", "pod", *names, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
-    wait_until("claim specs removed", lambda: c.claim_specs() == [], timeout=60)
-    wait_until("checkpoint empty", lambda: c.release.checkpoint_claims() == {}, timeout=30)
-    assert c.mig_instances() == [(0, PROFILE_1G_10GB, 6)]
-
-
 def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {item["name"]: item for item in items}
 
 
 def test_the_server_stores_the_slices_as_the_driver_published_them_for_its_version(versioned: Cluster) -> None:
     release = versioned.release
-    server = versioned.cp.kubectl_json("version", "-o", "json")["serverVersion"]["gitVersion"]
+    server = versioned.cp.server_version()
     assert server == versioned.cp.version
     sim = SimulatedNvml(release.machine, release.sim_state / release.machine)
     built = [s.to_api() for s in build_slices(discover(sim, sim.sysfs_root), node_name=versioned.node.name,
-                                              k8s_version=server, mode=default_mode(minor_of(versioned)))]  # fmt: skip
+                                              k8s_version=server, mode=default_mode(parse_minor(server)))]  # fmt: skip
     stored = release.slices()
     assert len(stored) == len(built)
 
@@ -105,9 +94,9 @@ def test_a_whole_gpu_a_mig_partition_and_a_shared_claim(versioned: Cluster) -> N
     for p in pods:
         versioned.wait_running(p["metadata"]["name"])
         versioned.check_sees_its_devices(p["metadata"]["name"])
-    assert versioned.mig_instances() == [(0, PROFILE_1G_10GB, 6)]  # the admin's, handed out as it is
+    assert versioned.mig_instances() == ADMINS  # handed out as it is
     assert versioned.expected("ts-0")[2] == versioned.expected("ts-1")[2]
-    delete_and_check_clean(versioned, "whole", "small", "ts-0", "ts-1")
+    delete_and_check_clean(versioned, "whole", "small", "ts-0", "ts-1", mig_left=ADMINS)
     versioned.cp.kubectl("delete", "resourceclaim", "timesliced", "-n", NS, "--wait=true")
 
 
@@ -128,4 +117,4 @@ def test_running_pods_outlive_a_kubelet_restart_with_their_devices(versioned: Cl
     versioned.check_sees_its_devices("after-restart")
     assert {r["driver"] for c in versioned.claims_of("after-restart")
             for r in c["status"]["allocation"]["devices"]["results"]} == {D}  # fmt: skip
-    delete_and_check_clean(versioned, "before-restart", "after-restart")
+    delete_and_check_clean(versioned, "before-restart", "after-restart", mig_left=ADMINS)

@@ -42,6 +42,15 @@ def memory_slice_count(profiles: tuple[MigProfile, ...]) -> int:
     return max((pl.start + pl.size for p in profiles for pl in p.placements), default=0)
 
 
+def _by_start(profiles: tuple[MigProfile, ...]) -> dict[int, list[int]]:
+    """Memory slice -> the indexes of the profiles with a placement starting there."""
+    starts: dict[int, list[int]] = {}
+    for i, p in enumerate(profiles):
+        for pl in p.placements:
+            starts.setdefault(pl.start, []).append(i)
+    return starts
+
+
 @cache
 def counter_totals(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
     """Counter value per capacity: the most any legal combination of partitions consumes together.
@@ -53,10 +62,7 @@ def counter_totals(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
     """
     slices = memory_slice_count(profiles)
     compute_budget = max((p.compute_slices for p in profiles), default=0)
-    starts: dict[int, list[tuple[int, MigProfile]]] = {}
-    for i, p in enumerate(profiles):
-        for pl in p.placements:
-            starts.setdefault(pl.start, []).append((i, p))
+    starts = _by_start(profiles)
     caps = [profile_capacities(p) for p in profiles]
     memo: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
 
@@ -67,7 +73,8 @@ def counter_totals(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
         if key in memo:
             return memo[key]
         result = best(pos + 1, compute_left, used)
-        for i, p in starts.get(pos, []):
+        for i in starts.get(pos, []):
+            p = profiles[i]
             if used[i] >= p.instance_count or p.compute_slices > compute_left:
                 continue
             nxt = best(pos + p.memory_slices, compute_left - p.compute_slices, (*used[:i], used[i] + 1, *used[i + 1 :]))
@@ -84,10 +91,7 @@ def _most_with(profiles: tuple[MigProfile, ...], target: str, limits: dict[str, 
     """The most of capacity `target` that non-overlapping partitions (what the memory-slice counters alone admit:
     instance limits and the compute budget not applied) consume together while staying within `limits`."""
     slices = memory_slice_count(profiles)
-    starts: dict[int, list[int]] = {}
-    for i, p in enumerate(profiles):
-        for pl in p.placements:
-            starts.setdefault(pl.start, []).append(i)
+    starts = _by_start(profiles)
     caps = [profile_capacities(p) for p in profiles]
     bound = tuple(limits)
     memo: dict[tuple[int, tuple[int, ...]], int] = {}

@@ -33,17 +33,6 @@ BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
 PINS_DIR = REPO_ROOT / "tools" / "k8sbins" / "versions"  # the matrix's versions, one go.mod each
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
-# The primary version's cluster (1.37): DRAPartitionableDevices and DRAConsumableCapacity are beta and on by default,
-# DRADeviceTaints and DRADeviceTaintRules GA; set them explicitly so the cluster does not silently change if the pin
-# moves. resource.k8s.io/v1beta2 stays served for the tests that read what 1.36 clients write. A version of the
-# matrix runs with its own defaults, as its users run it (`ControlPlane(version=...)`).
-DEFAULT_FEATURE_GATES: dict[str, bool] = {
-    "DRAPartitionableDevices": True,
-    "DRAConsumableCapacity": True,
-    "DRADeviceTaints": True,
-    "DRADeviceTaintRules": True,
-}
-DEFAULT_RUNTIME_CONFIG: dict[str, bool] = {"resource.k8s.io/v1beta2": True}
 # What the driver's slice layouts use: beta and on by default from 1.36, alpha (off) in 1.34 and 1.35, where a
 # cluster that publishes partitionable or shared devices turns these on (without them the server drops the fields).
 LAYOUT_GATES: dict[str, bool] = {
@@ -51,6 +40,12 @@ LAYOUT_GATES: dict[str, bool] = {
     "DRAConsumableCapacity": True,
     "DRADeviceTaints": True,
 }
+# The primary version's cluster (1.37): DRAPartitionableDevices and DRAConsumableCapacity are beta and on by default,
+# DRADeviceTaints and DRADeviceTaintRules GA; set them explicitly so the cluster does not silently change if the pin
+# moves. resource.k8s.io/v1beta2 stays served for the tests that read what 1.36 clients write. A version of the
+# matrix runs with its own defaults, as its users run it (`ControlPlane(version=...)`).
+DEFAULT_FEATURE_GATES: dict[str, bool] = {**LAYOUT_GATES, "DRADeviceTaintRules": True}
+DEFAULT_RUNTIME_CONFIG: dict[str, bool] = {"resource.k8s.io/v1beta2": True}
 # Never node-lifecycle-controller: without kubelet heartbeats it would taint every Node unreachable.
 DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "resourceclaim-controller",
@@ -399,6 +394,10 @@ class ControlPlane:
 
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def server_version(self) -> str:
+        """The API server's `gitVersion`, e.g. `v1.37.2` (dra_driver.slices.limits.parse_minor reads its minor)."""
+        return str(self.kubectl_json("version")["serverVersion"]["gitVersion"])
 
     def create_node(self, name: str, labels: Mapping[str, str] | None = None) -> str:
         """A kubelet-less Node that the scheduler accepts: created, status set Ready with capacity, no taints.
