@@ -155,6 +155,17 @@ class Cluster:
             seen.append(obj)
             pos = end
 
+    @contextlib.contextmanager
+    def pods_removed_after(self, *names: str) -> Iterator[None]:
+        """The pods deleted (waited for) when the block ends, failed or not: one test's failure leaves no pod
+        holding a GPU for the next."""
+        try:
+            yield
+        finally:
+            self.cp.kubectl(
+                "delete", "pods", *names, "-n", NS, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=180
+            )
+
     def seen(self, name: str) -> dict[str, Any]:
         """What the container printed (tests/cluster/images.py show-devices)."""
         return dict(json.loads(images.shown_lines(self.cp, name, NS)[-1]))
@@ -440,23 +451,20 @@ def test_consumable_capacity_lets_two_claims_share_one_gpu(cluster: Cluster) -> 
 
     wait_until("shared-mode slices", shared_published, timeout=60)
     memory = {"capacity": {"requests": {"memory": "30Gi"}}}
-    cluster.apply(
-        claim("share-a", req("gpu", GPU, **memory)),
-        claim("share-b", req("gpu", GPU, **memory)),
-        pod("cap-a", claim_name="share-a"),
-        pod("cap-b", claim_name="share-b"),
-    )
     results = []
-    for name in ("cap-a", "cap-b"):
-        cluster.wait_running(name)
-        cluster.check_sees_its_devices(name)
-        (c,) = cluster.claims_of(name)
-        results += c["status"]["allocation"]["devices"]["results"]
-    assert len({r["device"] for r in results}) == 1, results  # one GPU, two claims
-    assert all(r["consumedCapacity"]["memory"] == "30Gi" and r.get("shareID") for r in results), results
-    assert len({r["shareID"] for r in results}) == 2
-    assert cluster.seen("cap-a")["devices"] == cluster.seen("cap-b")["devices"]
-    cluster.cp.kubectl("delete", "pods", "cap-a", "cap-b", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    with cluster.pods_removed_after("cap-a", "cap-b"):
+        for share, name in (("share-a", "cap-a"), ("share-b", "cap-b")):
+            # one after the other, as in the replicas test below: created together, the 1.37 scheduler once spread
+            # them over two GPUs, which consumable capacity allows too; packing onto the first fit is what is shown
+            cluster.apply(claim(share, req("gpu", GPU, **memory)), pod(name, claim_name=share))
+            cluster.wait_running(name)
+            cluster.check_sees_its_devices(name)
+            (c,) = cluster.claims_of(name)
+            results += c["status"]["allocation"]["devices"]["results"]
+        assert len({r["device"] for r in results}) == 1, results  # one GPU, two claims
+        assert all(r["consumedCapacity"]["memory"] == "30Gi" and r.get("shareID") for r in results), results
+        assert len({r["shareID"] for r in results}) == 2
+        assert cluster.seen("cap-a")["devices"] == cluster.seen("cap-b")["devices"]
     wait_until("claim specs removed", lambda: cluster.claim_specs() == [], timeout=60)
     assert cluster.release.checkpoint_claims() == {}
 
@@ -474,21 +482,21 @@ def test_replicas_put_four_device_plugin_pods_on_one_gpu_each_with_its_own_claim
     wait_until("slices with four shares per GPU", four_shares, timeout=60)
     names = [f"replica-{i}" for i in range(4)]
     claims = []
-    for name in names:
-        # one after the other, as a node fills up over time: created together, the scheduler once spread them over
-        # two GPUs, which replicas allow too; packing is what this test shows
-        cluster.apply(device_plugin_pod(name, "nvidia.com/gpu"))
-        cluster.wait_running(name)
-        cluster.check_sees_its_devices(name)
-        (c,) = cluster.claims_of(name)
-        claims.append(c)
-    results = [r for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
-    assert len({r["device"] for r in results}) == 1, results  # one GPU ...
-    assert len({c["metadata"]["uid"] for c in claims}) == 4 and len({r["shareID"] for r in results}) == 4  # 4 claims
-    assert all(r["consumedCapacity"] == {"shares": "1", "memory": "0"} for r in results), results
-    assert len({json.dumps(cluster.seen(n)["devices"]) for n in names}) == 1  # the same device nodes in each
-    phases = {n: cluster.cp.kubectl_json("get", "pod", n, "-n", NS)["status"]["phase"] for n in names}
-    assert set(phases.values()) == {"Running"}, phases  # all four at the same time
-    cluster.cp.kubectl("delete", "pods", *names, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    with cluster.pods_removed_after(*names):
+        for name in names:
+            # one after the other, as a node fills up over time: created together, the scheduler once spread them
+            # over two GPUs, which replicas allow too; packing is what this test shows
+            cluster.apply(device_plugin_pod(name, "nvidia.com/gpu"))
+            cluster.wait_running(name)
+            cluster.check_sees_its_devices(name)
+            (c,) = cluster.claims_of(name)
+            claims.append(c)
+        results = [r for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
+        assert len({r["device"] for r in results}) == 1, results  # one GPU ...
+        assert len({c["metadata"]["uid"] for c in claims}) == 4 and len({r["shareID"] for r in results}) == 4
+        assert all(r["consumedCapacity"] == {"shares": "1", "memory": "0"} for r in results), results
+        assert len({json.dumps(cluster.seen(n)["devices"]) for n in names}) == 1  # the same device nodes in each
+        phases = {n: cluster.cp.kubectl_json("get", "pod", n, "-n", NS)["status"]["phase"] for n in names}
+        assert set(phases.values()) == {"Running"}, phases  # all four at the same time
     wait_until("claim specs removed", lambda: cluster.claim_specs() == [], timeout=60)
     assert cluster.release.checkpoint_claims() == {}
