@@ -358,6 +358,11 @@ def test_static_mode_publishes_existing_mig_devices(sim_factory) -> None:
     devices = {d.name: d for d in _devices(build_slices(inv, node_name="n", mode=PublishMode.STATIC))}
     assert set(devices) == {"gpu-0", "gpu-2", "gpu-3", "gpu-4", "gpu-1-mig-2g20gb-14-0", "gpu-1-mig-3g40gb-9-4"}
     assert {devices[n].attributes["uuid"].value() for n in devices if "mig" in n} == uuids
+    # each memory slice the placement occupies, as NVIDIA's driver publishes an existing MIG device's
+    slices_of = {n: sorted(k for k in devices[n].capacity if k.startswith("memorySlice")) for n in devices}
+    assert slices_of["gpu-1-mig-3g40gb-9-4"] == [f"memorySlice{i}" for i in (4, 5, 6, 7)]
+    assert slices_of["gpu-1-mig-2g20gb-14-0"] == ["memorySlice0", "memorySlice1"] and slices_of["gpu-0"] == []
+    assert devices["gpu-1-mig-2g20gb-14-0"].capacity["memorySlice1"].value == "1"
     whole_only = {d.name for d in _devices(build_slices(inv, node_name="n", mode=PublishMode.GPUS))}
     assert whole_only == {"gpu-0", "gpu-2", "gpu-3", "gpu-4"}
 

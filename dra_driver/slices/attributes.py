@@ -81,6 +81,16 @@ def memory_slice_counter(index: int) -> str:
     return f"{MEMORY_SLICE_COUNTER_PREFIX}{index}"
 
 
+MEMORY_SLICE_CAPACITY_PREFIX: Final = "memorySlice"
+
+
+def memory_slice_capacity(index: int) -> str:
+    """The capacity `memorySlice<i>` = 1 an existing (static) MIG device carries for each memory slice its placement
+    occupies, as NVIDIA's driver publishes it outside dynamic MIG (deviceinfo.go), so that a selector naming a
+    placement ports; partitions carved on demand say the same through their memory-slice counters."""
+    return f"{MEMORY_SLICE_CAPACITY_PREFIX}{index}"
+
+
 def semver(version: str) -> str:
     """`9.0` -> `9.0.0`, `550.54.15` stays: version attributes must be strict semver 2.0.0."""
     parts = version.split(".")

@@ -176,11 +176,14 @@ def _static(inv: Inventory, gpu: GpuInfo, include_mig: bool) -> GpuDevices:
         profile = gpu.profile(inst.profile_id)
         attrs = _mig_attributes(inv, gpu, profile.name)
         attrs[A.ATTR_UUID] = DeviceAttribute(string=inst.uuid)
+        capacity = _capacities(profile)
+        for s in range(inst.placement.start, inst.placement.start + inst.placement.size):
+            capacity[A.memory_slice_capacity(s)] = DeviceCapacity(value="1")
         group.devices.append(
             Device(
                 name=mig_device_name(gpu.minor, profile.name, profile.id, inst.placement.start),
                 attributes=attrs,
-                capacity=_capacities(profile),
+                capacity=capacity,
             )
         )
     return group
