@@ -19,6 +19,7 @@ What the plugin needs from the machine, and where it finds it here:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,6 +38,7 @@ DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-kubelet-plugin"
 SYSFS_ROOT_ENV = "NVIDIA_DRA_SYSFS_ROOT"  # cmd/gpu-kubelet-plugin/numa.go and nvlib.go
 _LOG_TAIL = 60
+_KLOG_HEADER = re.compile(r"^([WE])\d{4} [\d:.]+\s+\d+ ")  # W1204 18:08:31.097335    4198 nvlib.go:338] ...
 
 
 class NvidiaPluginError(RuntimeError):
@@ -141,6 +143,14 @@ class NvidiaKubeletPlugin:
         except FileNotFoundError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+    def warnings(self) -> list[str]:
+        """The warnings and errors it logged (klog's W and E lines), without their time stamps and pids."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        return [_KLOG_HEADER.sub(r"\1 ", line) for line in text.splitlines() if _KLOG_HEADER.match(line)]
 
     def slices(self) -> list[dict[str, Any]]:
         """Its ResourceSlices on the server, by name."""

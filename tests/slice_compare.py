@@ -10,6 +10,7 @@ slices, which hold counters, the order of the devices). `differences` lists ever
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ class Device:
     name: str
     attributes: dict[str, tuple[str, Any]]  # name -> (type: int/bool/string/version, value)
     capacity: dict[str, str]
+    policies: dict[str, dict[str, Any]]  # capacity -> its requestPolicy (consumable capacity), where it has one
     consumes: dict[str, dict[str, str]]  # counter set -> counter -> value
     extra: dict[str, Any]  # every other field of the device (allowMultipleAllocations, taints, ...)
 
@@ -40,6 +42,8 @@ class Pool:
     order: list[str] = field(default_factory=list)  # device names in the order of the slices, then of each slice
     counter_sets: dict[str, dict[str, str]] = field(default_factory=dict)
     layout: list[str] = field(default_factory=list)  # per slice: "counters:<n>" / "devices:<n>" / both
+    # every other field of the slices (spec.nodeName, spec.pool.name, the owner), with the values the slices have
+    slice_fields: dict[str, set[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,11 @@ def pool_of(driver: str, slices: Iterable[dict[str, Any]]) -> Pool:
         if spec["driver"] != driver:
             continue
         counters, devices = spec.get("sharedCounters") or [], spec.get("devices") or []
+        rest = {k: v for k, v in spec.items() if k not in ("driver", "devices", "sharedCounters", "pool")}
+        rest["pool.name"] = spec["pool"]["name"]
+        rest["owner"] = [f"{o['kind']}/{o['name']}" for o in s["metadata"].get("ownerReferences", [])]
+        for k, v in rest.items():
+            pool.slice_fields.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
         pool.layout.append("+".join(p for p, n in (("counters", len(counters)), ("devices", len(devices))) if n))
         for cs in counters:
             pool.counter_sets[cs["name"]] = {k: v["value"] for k, v in cs["counters"].items()}
@@ -86,6 +95,11 @@ def pool_of(driver: str, slices: Iterable[dict[str, Any]]) -> Pool:
                 name=d["name"],
                 attributes={_unqualified(k, driver): _attribute(v) for k, v in (d.get("attributes") or {}).items()},
                 capacity={_unqualified(k, driver): v["value"] for k, v in (d.get("capacity") or {}).items()},
+                policies={
+                    _unqualified(k, driver): v["requestPolicy"]
+                    for k, v in (d.get("capacity") or {}).items()
+                    if "requestPolicy" in v
+                },
                 consumes={
                     c["counterSet"]: {k: v["value"] for k, v in c["counters"].items()}
                     for c in d.get("consumesCounters") or []
@@ -125,6 +139,7 @@ def differences(theirs: Pool, ours: Pool, *, order: bool = True) -> list[Differe
         kind = _base_kind(t.kind)
         out += _mapping_differences("attribute", kind, name, t.attributes, o.attributes)
         out += _mapping_differences("capacity", kind, name, t.capacity, o.capacity)
+        out += _policy_differences(kind, name, t.policies, o.policies)
         for cs in sorted(set(t.consumes) | set(o.consumes)):
             where = f"{name} of {cs}"
             out += _mapping_differences("consumption", kind, where, t.consumes.get(cs, {}), o.consumes.get(cs, {}))
@@ -135,12 +150,28 @@ def differences(theirs: Pool, ours: Pool, *, order: bool = True) -> list[Differe
             out.append(Difference("counter set", "", "counter set", cs, t_cs is not None, o_cs is not None))
             continue
         out += _mapping_differences("counter", _counter_family(cs), cs, t_cs, o_cs)
+    out += _mapping_differences("slice field", "pool", "pool", theirs.slice_fields, ours.slice_fields)
     if theirs.layout != ours.layout:
         out.append(Difference("layout", "slices", "pool", "pool", theirs.layout, ours.layout))
     common = set(theirs.order) & set(ours.order)
     t_order, o_order = [n for n in theirs.order if n in common], [n for n in ours.order if n in common]
     if order and t_order != o_order:
         out.append(Difference("order", "devices", "pool", "pool", _first_swap(t_order, o_order), None))
+    return out
+
+
+def _policy_differences(
+    kind: str, where: str, theirs: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]
+) -> list[Difference]:
+    """Request policies field by field: `memory.default`, `memory.validRange.min`, ..."""
+    flat_t, flat_o = ({f"{c}.{k}": v for c, p in side.items() for k, v in _flat(p)} for side in (theirs, ours))
+    return _mapping_differences("capacity policy", kind, where, flat_t, flat_o)
+
+
+def _flat(policy: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in policy.items():
+        out += _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "comparison.md"
 NODE = "nvidia-slices-node"
 OURS = "gpu.dra-driver.dev"
-STATIC, DYNAMIC = "static", "dynamic MIG"
+STATIC, DYNAMIC, SHARED = "static", "dynamic MIG", "consumable shares"
 
 # MIG devices made before the static runs: NVML index -> (GPU instance profile id, placement start, size, CI slices)
 _H200_MIG = {
@@ -59,18 +60,43 @@ class Case:
     machine: str
     mode: str  # STATIC or DYNAMIC
     mig: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    shares: str = "disabled"  # NVIDIA's --consumable-shares (SHARED): memory, unlimited or N
 
     @property
     def id(self) -> str:
-        return f"{self.machine}-{'static' if self.mode == STATIC else 'dynamic'}"
+        mode = {STATIC: "static", DYNAMIC: "dynamic", SHARED: f"shares-{self.shares}"}[self.mode]
+        return f"{self.machine}-{mode}"
 
     @property
     def nvidia_gates(self) -> dict[str, bool]:
-        return {"DynamicMIG": True} if self.mode == DYNAMIC else {}
+        return {DYNAMIC: {"DynamicMIG": True}, SHARED: {"ConsumableShares": True}}.get(self.mode, {})
 
     @property
     def our_mode(self) -> PublishMode:
-        return PublishMode.PARTITIONABLE if self.mode == DYNAMIC else PublishMode.STATIC
+        return {DYNAMIC: PublishMode.PARTITIONABLE, SHARED: PublishMode.SHARED}.get(self.mode, PublishMode.STATIC)
+
+    @property
+    def our_replicas(self) -> int | None:
+        """Our `--replicas` for NVIDIA's --consumable-shares: by memory (None), unlimited (0) or N."""
+        if self.mode != SHARED or self.shares == "memory":
+            return None
+        return 0 if self.shares == "unlimited" else int(self.shares)
+
+    @property
+    def ours_described(self) -> str:
+        if self.mode != SHARED:
+            return f"`{self.our_mode.value}`"
+        replicas = {None: "", 0: " `--replicas unlimited`"}.get(self.our_replicas, f" `--replicas {self.our_replicas}`")
+        return f"`{self.our_mode.value}`{replicas}"
+
+    @property
+    def nvidia_described(self) -> str:
+        made = " + MIG devices made before" if self.mig else ""
+        if self.mode == DYNAMIC:
+            return "`DynamicMIG`"
+        if self.mode == SHARED:
+            return f"`ConsumableShares`, `--consumable-shares={self.shares}`{made}"
+        return f"default{made}"
 
 
 CASES = [
@@ -80,6 +106,9 @@ CASES = [
     Case("dgx-h200", DYNAMIC),
     Case("mixed", STATIC, _MIXED_MIG),
     Case("mixed", DYNAMIC),
+    Case("dgx-h100", SHARED, shares="memory"),
+    Case("dgx-h200", SHARED, _H200_MIG, shares="4"),
+    Case("mixed", SHARED, _MIXED_MIG, shares="unlimited"),
 ]
 
 
@@ -170,6 +199,49 @@ KNOWN: tuple[Known, ...] = (
         "the scheduler takes the first device that matches: offering high placements first keeps slice 0, which "
         "4g and 7g partitions need, free the longest (NVIDIA's own default placement does the same for 1g)",
     ),
+    Known(
+        SHARED,
+        "capacity policy",
+        ("memory.validRange.min",),
+        ("gpu", "mig"),
+        "by memory: at least 1Mi; with shares: 0 to the whole memory, in 1Mi steps",
+        "by memory: at least 1Gi; with shares: no range (a claim takes what it asks for, 0 by default)",
+        "a claim for a few MiB of a GPU is a unit mistake (`memory: 16` is 16 bytes) or one that cannot run: a "
+        "CUDA context alone takes hundreds of MiB; with shares, memory is not what is shared, and a claim that asks "
+        "for some gets what it asks for",
+    ),
+    Known(
+        SHARED,
+        "capacity policy",
+        ("memory.validRange.max", "memory.validRange.step"),
+        ("gpu", "mig"),
+        "the range ends at the device's memory; with shares, in 1Mi steps",
+        "no maximum; with shares, no steps",
+        "the device's memory bounds what its claims take together anyway (a request above it fits no device either "
+        "way); the step rounds a request up, which only matters where there is a range",
+    ),
+    Known(
+        SHARED,
+        "capacity policy",
+        ("shares.validRange.max", "shares.validRange.step"),
+        ("gpu", "mig"),
+        "a claim may take 1 to N of the N shares",
+        "a claim takes exactly one share",
+        "time-slicing gives a claim that holds two shares no more time than one that holds one, so we refuse it as the "
+        "device plugin's time-slicing does (`failRequestsGreaterThanOne`) rather than let a claim believe it did",
+    ),
+    Known(
+        SHARED,
+        "capacity policy",
+        tuple(f"{c}.default" for c in (*_ENGINES, *(f"memorySlice{i}" for i in range(8)))),
+        ("mig",),
+        "a shared MIG device's engines, multiprocessors and memory slices have no request policy",
+        "default 0: a claim that does not ask for them takes none",
+        "the scheduler gives a claim that does not ask for a capacity without a request policy all of it "
+        "(k8s.io/dynamic-resource-allocation structured fillEmptyRequest), so with NVIDIA's slices the first claim "
+        "on a shared MIG device takes all its multiprocessors and no second claim fits: the MIG device is not shared. "
+        "Those capacities describe the partition; no claim splits them",
+    ),
 )
 
 
@@ -179,6 +251,7 @@ class Measured:
     theirs: Pool
     ours: Pool
     diffs: list[Difference]
+    warnings: list[str]  # what NVIDIA's plugin logged as warnings and errors
 
 
 def _make_mig(sim: SimulatedNvml, mig: dict[int, list[tuple[int, int, int, int]]]) -> None:
@@ -190,10 +263,15 @@ def _make_mig(sim: SimulatedNvml, mig: dict[int, list[tuple[int, int, int, int]]
             create_full_ci(sim, create_gi(sim, dev, profile_id, start, size), ci_slices)
 
 
-def _ours(cp: ControlPlane, sim: SimulatedNvml, node_uid: str, minor: int, mode: PublishMode) -> list[dict[str, Any]]:
+def _ours(cp: ControlPlane, sim: SimulatedNvml, node_uid: str, minor: int, case: Case) -> list[dict[str, Any]]:
     """Ours for the same machine, Node and server, created on the server and read back from it (what it keeps)."""
     slices = build_slices(
-        discover(sim, sim.sysfs_root), node_name=NODE, node_uid=node_uid, k8s_version=f"1.{minor}", mode=mode
+        discover(sim, sim.sysfs_root),
+        node_name=NODE,
+        node_uid=node_uid,
+        k8s_version=f"1.{minor}",
+        mode=case.our_mode,
+        replicas=case.our_replicas,
     )
     selector = f"--field-selector=spec.driver={OURS},spec.nodeName={NODE}"
     items = [s.to_api() for s in slices]
@@ -210,15 +288,17 @@ def _measure(cp: ControlPlane, case: Case, node_uid: str, minor: int, work: Path
     sim = SimulatedNvml(case.machine, work / f"{case.id}-machine")
     sim.nvmlInit()
     _make_mig(sim, case.mig)
-    with running(cp, sim, NODE, work / f"{case.id}-plugin", feature_gates=case.nvidia_gates) as plugin:
+    plugin_dir = work / f"{case.id}-plugin"
+    with running(cp, sim, NODE, plugin_dir, feature_gates=case.nvidia_gates, consumable_shares=case.shares) as plugin:
         theirs_slices = plugin.wait_published()
+        warnings = plugin.warnings()
     # After NVIDIA's plugin has run: under DynamicMIG it destroys MIG devices no claim holds at start.
-    ours_slices = _ours(cp, sim, node_uid, minor, case.our_mode)
+    ours_slices = _ours(cp, sim, node_uid, minor, case)
     theirs, ours = pool_of(NVIDIA_DRIVER, theirs_slices), pool_of(OURS, ours_slices)
     # NVIDIA publishes the devices of its single static slice in Go map order (cmd/gpu-kubelet-plugin driver.go
     # ranges over its allocatable map): a new order each run, so the order is compared under DynamicMIG only,
     # where it sorts them.
-    return Measured(case, theirs, ours, differences(theirs, ours, order=case.mode == DYNAMIC))
+    return Measured(case, theirs, ours, differences(theirs, ours, order=case.mode == DYNAMIC), warnings)
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +331,20 @@ def test_nvidia_publishes_what_we_publish_but_for_the_known_differences(
     assert not unexplained, "differences KNOWN does not list:\n" + "\n".join(str(d) for d in unexplained[:40])
 
 
+def test_nvidia_plugin_warns_only_where_a_real_machine_would(measured: dict[str, Measured]) -> None:
+    """Its warnings name what a simulated machine lacks (before NVIDIA_DRA_SYSFS_ROOT: every GPU's PCIe root and
+    NUMA node): none but the expected ones."""
+    unexpected = [
+        f"{cid}: {w}"
+        for cid, m in measured.items()
+        for w in m.warnings
+        if not any(re.match(p, w) for p in EXPECTED_WARNINGS)
+    ]
+    assert not unexpected, "\n".join(unexpected)
+    seen = {p for m in measured.values() for w in m.warnings for p in EXPECTED_WARNINGS if re.match(p, w)}
+    assert seen == set(EXPECTED_WARNINGS), f"expected warnings no longer logged: {set(EXPECTED_WARNINGS) - seen}"
+
+
 def test_every_known_difference_still_occurs(measured: dict[str, Measured]) -> None:
     stale = []
     for k in KNOWN:
@@ -260,6 +354,14 @@ def test_every_known_difference_still_occurs(measured: dict[str, Measured]) -> N
     assert not stale, "entries of KNOWN that no longer (all) occur:\n" + "\n".join(stale)
 
 
+_DEVICE_ASPECTS = ("attribute", "capacity", "capacity policy", "consumption", "device field")
+# What NVIDIA's plugin may log as a warning or error on the simulated machines (a pattern, and why it is right there);
+# anything else means the simulated machine lacks something a real one has.
+EXPECTED_WARNINGS: dict[str, str] = {
+    r"^W nvlib\.go:\d+\] GPU gpu-4-GPU-[0-9a-f-]+: hardware does not support MIG - skipping DynamicMIG$": (
+        "the mixed machine's L40S has no MIG"
+    ),
+}
 BEGIN = "<!-- BEGIN measured by tests/test_nvidia_slices.py (DRA_WRITE_DOCS=1 rewrites it) -->"
 END = "<!-- END measured -->"
 
@@ -270,17 +372,14 @@ def render(measured: dict[str, Measured]) -> str:
         BEGIN,
         "",
         "| machine | NVIDIA v0.5.0 | this driver | devices | counter sets | devices identical in every attribute, "
-        "capacity and counter |",
+        "capacity, request policy and counter |",
         "|---|---|---|---|---|---|",
     ]
     for case in CASES:
         m = measured[case.id]
-        odd = {d.where.split(" of ")[0] for d in m.diffs if d.aspect in ("attribute", "capacity", "consumption")}
-        nvidia = (
-            "`DynamicMIG`" if case.mode == DYNAMIC else "default" + (" + MIG devices made before" if case.mig else "")
-        )
+        odd = {d.where.split(" of ")[0] for d in m.diffs if d.aspect in _DEVICE_ASPECTS}
         lines.append(
-            f"| {case.machine} | {nvidia} | `{case.our_mode.value}` | {len(m.theirs.devices)} | "
+            f"| {case.machine} | {case.nvidia_described} | {case.ours_described} | {len(m.theirs.devices)} | "
             f"{len(m.theirs.counter_sets)} | {len(set(m.theirs.devices) - odd)} |"
         )
     lines += ["", "| mode | what differs | NVIDIA v0.5.0 | this driver | why | seen on |", "|---|---|---|---|---|---|"]
