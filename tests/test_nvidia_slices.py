@@ -37,6 +37,7 @@ from tests.nvidia_driver import DRIVER as NVIDIA_DRIVER
 from tests.nvidia_driver import running
 from tests.simhelpers import create_full_ci, create_gi
 from tests.slice_compare import Difference, Pool, differences, pool_of
+from tests.test_allocbench import build_allocbench, run_go
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "comparison.md"
@@ -239,8 +240,9 @@ KNOWN: tuple[Known, ...] = (
         "default 0: a claim that does not ask for them takes none",
         "the scheduler gives a claim that does not ask for a capacity without a request policy all of it "
         "(k8s.io/dynamic-resource-allocation structured fillEmptyRequest), so with NVIDIA's slices the first claim "
-        "on a shared MIG device takes all its multiprocessors and no second claim fits: the MIG device is not shared. "
-        "Those capacities describe the partition; no claim splits them",
+        "on a shared MIG device takes all its multiprocessors and no second claim fits: the MIG device is not shared "
+        "(measured with the scheduler's allocator: three claims on the mixed machine's 3g.40gb, unlimited shares, "
+        "place one on NVIDIA's slices, three on ours). Those capacities describe the partition; no claim splits them",
     ),
 )
 
@@ -252,6 +254,8 @@ class Measured:
     ours: Pool
     diffs: list[Difference]
     warnings: list[str]  # what NVIDIA's plugin logged as warnings and errors
+    theirs_slices: list[dict[str, Any]]  # as the server has them
+    ours_slices: list[dict[str, Any]]
 
 
 def _make_mig(sim: SimulatedNvml, mig: dict[int, list[tuple[int, int, int, int]]]) -> None:
@@ -298,7 +302,8 @@ def _measure(cp: ControlPlane, case: Case, node_uid: str, minor: int, work: Path
     # NVIDIA publishes the devices of its single static slice in Go map order (cmd/gpu-kubelet-plugin driver.go
     # ranges over its allocatable map): a new order each run, so the order is compared under DynamicMIG only,
     # where it sorts them.
-    return Measured(case, theirs, ours, differences(theirs, ours, order=case.mode == DYNAMIC), warnings)
+    diffs = differences(theirs, ours, order=case.mode == DYNAMIC)
+    return Measured(case, theirs, ours, diffs, warnings, theirs_slices, ours_slices)
 
 
 @pytest.fixture(scope="module")
@@ -343,6 +348,50 @@ def test_nvidia_plugin_warns_only_where_a_real_machine_would(measured: dict[str,
     assert not unexpected, "\n".join(unexpected)
     seen = {p for m in measured.values() for w in m.warnings for p in EXPECTED_WARNINGS if re.match(p, w)}
     assert seen == set(EXPECTED_WARNINGS), f"expected warnings no longer logged: {set(EXPECTED_WARNINGS) - seen}"
+
+
+def _claims_for_one_mig_device(driver: str, profile: str, count: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A DeviceClass for `driver`'s MIG devices of `profile`, and `count` claims for one such device each (as the API
+    server stores them: defaults filled in, the Go allocator does not default)."""
+    cls = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"mig-{driver}"},
+        "spec": {"selectors": [{"cel": {"expression": (
+            f"device.driver == '{driver}' && device.attributes['{driver}'].type == 'mig' && "
+            f"device.attributes['{driver}'].profile == '{profile}'"
+        )}}]},
+    }  # fmt: skip
+    claims = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": f"share-{i}", "namespace": "default", "uid": f"uid-share-{i}"},
+            "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                "deviceClassName": f"mig-{driver}", "allocationMode": "ExactCount", "count": 1}}]}},
+        }
+        for i in range(count)
+    ]  # fmt: skip
+    return cls, claims
+
+
+def test_a_shared_mig_device_takes_one_claim_in_nvidias_slices_several_in_ours(measured: dict[str, Measured]) -> None:
+    """The last KNOWN row, measured: the 1.37 scheduler's own allocator (k8s.io/dynamic-resource-allocation/structured
+    through tools/allocbench) places three claims that ask for nothing but the mixed machine's one 3g.40gb MIG
+    device, shared without a limit (NVIDIA's --consumable-shares=unlimited, our --replicas unlimited): all three on
+    ours; on NVIDIA's the first takes all of the device's multiprocessors and engines, and the others find no room."""
+    m = measured["mixed-shares-unlimited"]
+    placed: dict[str, list[str | None]] = {}
+    for driver, slices in ((NVIDIA_DRIVER, m.theirs_slices), (OURS, m.ours_slices)):
+        cls, claims = _claims_for_one_mig_device(driver, "3g.40gb", 3)
+        inp = {"slices": slices, "classes": [cls], "claims": claims, "nodes": [NODE]}
+        results, _ = run_go(build_allocbench(), inp)
+        placed[driver] = [r["devices"][0]["device"] if r.get("devices") else None for r in results]
+        if driver == NVIDIA_DRIVER:
+            consumed = results[0]["devices"][0]["consumedCapacity"]
+            assert consumed["multiprocessors"] == m.theirs.devices[placed[driver][0] or ""].capacity["multiprocessors"]
+    device = "gpu-1-mig-3g40gb-9-4"
+    assert placed == {NVIDIA_DRIVER: [device, None, None], OURS: [device, device, device]}
 
 
 def test_every_known_difference_still_occurs(measured: dict[str, Measured]) -> None:
