@@ -3,17 +3,19 @@ simulated GPUs, through the simulated libnvidia-ml, against a real kube-apiserve
 published for the same machine, Node and server, and the two pools are compared device by device, attribute by
 attribute, capacity by capacity and counter by counter (tests/slice_compare.py).
 
-Modes compared: NVIDIA's default (whole GPUs, and the MIG devices that exist on a GPU with MIG on) with our `static`,
-and NVIDIA's `DynamicMIG` gate (every MIG partition, carved at prepare, with shared counters) with our
-`partitionable`. Machines: the simulated DGX H100, DGX H200 and the mixed machine; in the static mode the H200 and the
-mixed machine carry MIG devices made before either driver starts (as an admin, mig-parted or the GPU Operator leaves
-them).
+Modes compared: NVIDIA's default (whole GPUs, and the MIG devices that exist on a GPU with MIG on) with our `static`;
+its `DynamicMIG` gate (every MIG partition, carved at prepare, with shared counters) with our `partitionable`; its
+`ConsumableShares` gate (`--consumable-shares` memory, N or unlimited) with our `shared` (by memory, `--replicas N`,
+unlimited). Machines: the simulated DGX H100, DGX H200 and the mixed machine in every mode (in the static and shared
+modes the H200 and the mixed machine carry MIG devices made before either driver starts, as an admin, mig-parted or
+the GPU Operator leaves them); the DGX A100 (MIG off), DGX B200 and GB200 NVL72 tray under dynamic MIG, the tray in
+the static mode too.
 
 Every difference is fixed in our driver or listed in KNOWN with its reason; the test fails on a difference KNOWN does
 not name and on an entry of KNOWN that no longer occurs. docs/comparison.md carries the table as measured (its
 generated section; DRA_WRITE_DOCS=1 rewrites it). NVIDIA's Fabric Manager partitioning is out of the comparison (its
 bindings are a NOT_SUPPORTED stand-in, scripts/build-nvidia-tools.sh), as are its VFIO passthrough devices (no
-simulated vfio-pci binding) and its ConsumableShares gate (our `shared` mode; not compared here).
+simulated vfio-pci binding).
 """
 
 from __future__ import annotations
@@ -107,6 +109,10 @@ CASES = [
     Case("dgx-h200", DYNAMIC),
     Case("mixed", STATIC, _MIXED_MIG),
     Case("mixed", DYNAMIC),
+    Case("dgx-a100", DYNAMIC),  # Ampere with MIG off: whole GPUs only, no counters (MIG needs a reset)
+    Case("dgx-b200", DYNAMIC),
+    Case("gb200-nvl72-tray", STATIC),
+    Case("gb200-nvl72-tray", DYNAMIC),
     Case("dgx-h100", SHARED, shares="memory"),
     Case("dgx-h200", SHARED, _H200_MIG, shares="4"),
     Case("mixed", SHARED, _MIXED_MIG, shares="unlimited"),
@@ -199,6 +205,19 @@ KNOWN: tuple[Known, ...] = (
         "the whole GPU, then large partitions first, high placements first",
         "the scheduler takes the first device that matches: offering high placements first keeps slice 0, which "
         "4g and 7g partitions need, free the longest (NVIDIA's own default placement does the same for 1g)",
+    ),
+    *(
+        Known(
+            mode,
+            "attribute",
+            ("nvlinkClusterUUID", "nvlinkClique"),
+            ("gpu",) if mode == STATIC else ("gpu", "mig"),
+            "none: the NVLink domain is its ComputeDomain driver's (IMEX channels), not an attribute of a GPU",
+            "the GPU's NVLink fabric cluster and `<cluster>.<clique>` (NVML's fabric info), MIG devices their GPU's",
+            "a claim for several GPUs of one NVL72 clique (`matchAttribute: nvlinkClique`), and the node label "
+            "`gpu.clique` for pod affinity, need them (docs/resourceslices.md, Topology)",
+        )
+        for mode in (STATIC, DYNAMIC)
     ),
     Known(
         SHARED,
