@@ -170,3 +170,35 @@ def test_simulate_matches_numa_lists_as_sets_with_the_gate_only(
         assert outcome.allocation is not None
         got = sorted(r["device"] for r in outcome.allocation["devices"]["results"])
         assert got == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]  # socket 0's nodes 0 and 1
+
+
+def test_the_builder_lays_list_form_devices_out_64_to_a_slice(tmp_path: Path) -> None:
+    """Plain devices fill slices of 128; with a list attribute the API server allows 64 (advanced features)."""
+    inv = inventory("dgx-h100-snc2", tmp_path)
+    gpus = tuple(inv.gpus[i % 8].model_copy(update={"minor": i, "index": i}) for i in range(100))
+    many = inv.model_copy(update={"gpus": gpus})
+    scalar = build_slices(many, node_name="n", k8s_version="1.37", mode=PublishMode.GPUS)
+    listed = build_slices(many, node_name="n", k8s_version="1.37", mode=PublishMode.GPUS, numa_form=NumaNodeForm.LIST)
+    assert [len(s.spec.devices or []) for s in scalar] == [100]
+    assert [len(s.spec.devices or []) for s in listed] == [64, 36]
+
+
+def test_simulate_cli_follows_the_gate(tmp_path: Path) -> None:
+    inv = inventory("dgx-h100-snc2", tmp_path)
+    slices = build_slices(inv, node_name="n", k8s_version="1.37", mode=PublishMode.GPUS, numa_form=NumaNodeForm.LIST)
+    files = {"slices": [s.to_api() for s in slices], "classes": [CLASS], "claims": [four_gpus_on_one_numa_node()]}
+    args = []
+    for kind, objects in files.items():
+        (tmp_path / f"{kind}.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+        args += [f"--{kind}", str(tmp_path / f"{kind}.json")]
+    for gate, code in (("true", 0), ("false", 3)):
+        run = [
+            sys.executable,
+            "-m",
+            "dra_driver",
+            "simulate",
+            *args,
+            "--feature-gates",
+            f"DRAListTypeAttributes={gate}",
+        ]
+        assert subprocess.run(run, capture_output=True).returncode == code, gate
