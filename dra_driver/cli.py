@@ -23,7 +23,7 @@ from dra_driver.plugin import features
 from dra_driver.report.cli import add_subcommand as add_report_subcommand
 from dra_driver.simulator.source import open_source
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
-from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
+from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices, check_numa_form
 from dra_driver.slices.devices import DEFAULT_MODE, NumaNodeForm, parse_replicas
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
@@ -190,6 +190,8 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     from dra_driver.plugin.grpc.server import check_pod_uid
 
     check_pod_uid(args.pod_uid)  # before discovery and recovery, not after
+    if args.k8s_version:  # else once the API server has said its version (daemon.run)
+        check_numa_form(NumaNodeForm(args.numa_node_form), args.k8s_version)
     settings = PluginSettings(
         driver=args.driver,
         pool=args.node_name,

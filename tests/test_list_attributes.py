@@ -202,3 +202,12 @@ def test_simulate_cli_follows_the_gate(tmp_path: Path) -> None:
             f"DRAListTypeAttributes={gate}",
         ]
         assert subprocess.run(run, capture_output=True).returncode == code, gate
+
+
+def test_the_daemon_refuses_the_list_form_for_a_version_without_it_before_it_serves(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "dra_driver", "plugin", "--sim", "dgx-h100", "--sim-state", str(tmp_path / "s"),
+           "--node-name", "n", "--plugin-dir", str(tmp_path / "p"), "--registry-dir", str(tmp_path / "r"),
+           "--kubeconfig", "/dev/null", "--k8s-version", "1.35", "--numa-node-form", "list"]  # fmt: skip
+    out = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "DRAListTypeAttributes" in out.stderr, out.stderr
+    assert not (tmp_path / "p").exists()  # no socket, no recovery: it stopped at the option
