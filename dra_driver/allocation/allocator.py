@@ -343,10 +343,11 @@ class _Search:
         for claim in self.claims:
             cons: list[Constraint] = []
             for i, c in enumerate(claim.spec.devices.constraints):
+                sets = self.alloc.features.list_type_attributes
                 if c.match_attribute is not None:
-                    cons.append(Constraint(i, c.requests, c.match_attribute, distinct=False))
+                    cons.append(Constraint(i, c.requests, c.match_attribute, distinct=False, sets=sets))
                 elif c.distinct_attribute is not None:
-                    cons.append(Constraint(i, c.requests, c.distinct_attribute, distinct=True))
+                    cons.append(Constraint(i, c.requests, c.distinct_attribute, distinct=True, sets=sets))
                 else:
                     raise AllocationError(f"claim {claim.key}, constraint #{i}: empty constraint")
             self.constraints.append(cons)
