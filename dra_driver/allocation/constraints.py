@@ -59,7 +59,15 @@ def _common(a: Values, b: Values) -> Values | None:
 
 
 class Constraint:
-    def __init__(self, index: int, requests: list[str], attribute: str, distinct: bool, sets: bool = False) -> None:
+    def __init__(
+        self,
+        index: int,
+        requests: list[str],
+        attribute: str,
+        distinct: bool,
+        sets: bool = False,
+        per_request: bool = False,
+    ) -> None:
         self.index = index
         self.requests = set(requests)
         self.attribute = attribute
@@ -69,6 +77,10 @@ class Constraint:
         self.values: list[tuple[str, Any]] = []
         # with sets: matchAttribute's intersection after each device, distinctAttribute's sets; popped on remove
         self.stack: list[Values] = []
+        # 1.36's distinctAttribute (v0.36 incubating allocator): one value kept per request name, the last device's
+        self.per_request = per_request
+        self.by_request: dict[str, tuple[str, Any]] = {}
+        self.count = 0
 
     def describe(self) -> str:
         kind = "distinctAttribute" if self.distinct else "matchAttribute"
@@ -89,7 +101,7 @@ class Constraint:
         if value is None:
             return False
         if self.distinct:
-            return self._add_distinct(request, value)
+            return self._add_per_request(request, value) if self.per_request else self._add_distinct(value)
         if self.values and value != self.values[0]:
             return False
         self.values.append(value)
@@ -111,7 +123,16 @@ class Constraint:
         self.stack.append(values)
         return True
 
-    def _add_distinct(self, request: str, value: tuple[str, Any]) -> bool:
+    def _add_per_request(self, request: str, value: tuple[str, Any]) -> bool:
+        # As 1.36's: a request's third device is only kept apart from its second, and a value forgotten when another
+        # device of its request is removed no longer counts; a list is refused once any value is kept.
+        if self.count and (value in self.by_request.values() or (value[0] == "list" and self.by_request)):
+            return False
+        self.by_request[request] = value
+        self.count += 1
+        return True
+
+    def _add_distinct(self, value: tuple[str, Any]) -> bool:
         # As upstream's distinctAttributeConstraint: every device's value so far, not one per request (a request's
         # second device must differ from its first too: the list-attribute scenarios of tests/test_alloc_differential
         # showed the scheduler refuse it), and a list value after the first device is refused, as a type it does not
@@ -126,5 +147,8 @@ class Constraint:
             return
         if self.sets:
             self.stack.pop()
+        elif self.distinct and self.per_request:
+            self.by_request.pop(request, None)
+            self.count -= 1
         else:
             self.values.pop()
