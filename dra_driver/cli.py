@@ -23,8 +23,8 @@ from dra_driver.plugin import features
 from dra_driver.report.cli import add_subcommand as add_report_subcommand
 from dra_driver.simulator.source import open_source
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
-from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices
-from dra_driver.slices.devices import DEFAULT_MODE, parse_replicas
+from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices, check_numa_form
+from dra_driver.slices.devices import DEFAULT_MODE, NumaNodeForm, parse_replicas
 
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
 HEALTH_SOCKET_ENV = "DRA_DRIVER_HEALTH_SOCKET"  # `health --socket` default, for a daemon with another --plugin-dir
@@ -69,6 +69,14 @@ def _add_slice_args(p: argparse.ArgumentParser) -> None:
         help="with --mode shared: N claims per GPU, each taking one share and no memory unless it asks, or "
         "'unlimited' (the device plugin's time-slicing replicas); default: claims share a GPU by memory",
     )
+    p.add_argument(
+        "--numa-node-form",
+        choices=[f.value for f in NumaNodeForm],
+        default=NumaNodeForm.SCALAR.value,
+        help="list: publish the NUMA node attribute as a list (`ints`) of the GPU's node and its socket's nodes as "
+        "close to it (sub-NUMA clustering), for matchAttribute across them; needs the DRAListTypeAttributes gate "
+        "(alpha, 1.36+) on the API server and scheduler, which reject the slices without it. Default: scalar",
+    )
 
 
 def _replicas(text: str) -> int:
@@ -92,6 +100,7 @@ def _slices(args: argparse.Namespace, inv: Inventory) -> list[ResourceSlice]:
         k8s_version=args.k8s_version,
         mode=PublishMode(args.mode),
         replicas=args.replicas,
+        numa_form=NumaNodeForm(args.numa_node_form),
     )
 
 
@@ -181,6 +190,8 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     from dra_driver.plugin.grpc.server import check_pod_uid
 
     check_pod_uid(args.pod_uid)  # before discovery and recovery, not after
+    if args.k8s_version:  # else once the API server has said its version (daemon.run)
+        check_numa_form(NumaNodeForm(args.numa_node_form), args.k8s_version)
     settings = PluginSettings(
         driver=args.driver,
         pool=args.node_name,
@@ -204,6 +215,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         node_configs=args.node_configs,
         node_config_label=args.node_config_label,
+        numa_form=NumaNodeForm(args.numa_node_form),
     )
     source = open_source(
         args.sim, args.sim_state, args.sysfs_root, args.proc_root, args.driver_root, args.host_driver_root

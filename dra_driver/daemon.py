@@ -36,6 +36,7 @@ from dra_driver.plugin.driver import Driver, PluginSettings
 from dra_driver.plugin.grpc.resource_health import DeviceHealthSource, DeviceState, states_from_taints
 from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.sharing.mps_deployment import from_environment as mps_from_environment
+from dra_driver.slices.devices import NumaNodeForm
 
 if TYPE_CHECKING:  # imported when the daemon serves (_run_served), not before
     from wsgiref.simple_server import WSGIServer
@@ -65,6 +66,7 @@ class DaemonOptions:
     replicas: int | None = None  # shared mode: claims per GPU (slices.devices.check_replicas)
     node_configs: Path | None = None  # named configurations a node label chooses from (controller.nodeconfig)
     node_config_label: str = ""  # that label; "" with node_configs: <driver>/config
+    numa_form: NumaNodeForm = NumaNodeForm.SCALAR  # list: needs DRAListTypeAttributes on the cluster
 
 
 def serve_metrics(port: int, address: str) -> WSGIServer:
@@ -154,11 +156,12 @@ def _run_served(
     from dra_driver.health.device_data import device_data_source
     from dra_driver.kube.events import node_event_poster
     from dra_driver.labels import apply_node_labels, node_labels
-    from dra_driver.slices.builder import build_slices
+    from dra_driver.slices.builder import build_slices, check_numa_form
     from dra_driver.telemetry import ReservedPods, register_gpu_metrics
 
     settings = options.settings
     version = options.k8s_version or api.version(timeout=API_TIMEOUT_SECONDS)
+    check_numa_form(options.numa_form, version)  # a version without list attributes: stop here, not at every publish
     # Per-GPU and per-MIG telemetry on the metrics endpoint; `pod` from the claims' status.reservedFor.
     pods = ReservedPods(KubeClaimSource(api, request_timeout=POD_LOOKUP_TIMEOUT_SECONDS).get_claim)
     collector = register_gpu_metrics(REGISTRY, source.lib, driver, pod_of=pods)
@@ -215,6 +218,7 @@ def _run_served(
             k8s_version=version,
             mode=driver.settings.mode,  # the node configuration's, once one is applied
             replicas=selection.config.replicas if selection is not None else options.replicas,
+            numa_form=options.numa_form,
             taints=device_taints(),
             generation=generation,
             node_uid=node_uid,

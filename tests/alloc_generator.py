@@ -8,6 +8,11 @@ selector), binding conditions (with bindsToNode), shared counters of partitionab
 request policies (default, valid values, valid ranges with a step) on devices allocatable several times,
 `firstAvailable` subrequests, `All` mode, CEL selectors, `matchAttribute` and `distinctAttribute` constraints. The
 objects are as the API server stores them (defaults filled in), since the Go allocator does not default.
+
+`Scenario(seed, lists=True)` adds list attributes (DRAListTypeAttributes on, so the scheduler takes its experimental
+allocator): GPUs with `numas` (ints, or one int) and `zones` (strings, one string, or an int of the wrong type), and
+claims with matchAttribute or distinctAttribute on them, which then compare as sets. Without it the scenarios are
+those of the seeds before list attributes existed here.
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ def classes() -> list[dict[str, Any]]:
 
 
 class Scenario:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, lists: bool = False) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
+        self.lists = lists
         self.nodes = [f"n{i}" for i in range(self.rng.randint(1, 3))]
 
     # ---- devices ------------------------------------------------------------------------------------------------
@@ -96,6 +102,8 @@ class Scenario:
         }
         if shared:
             device["allowMultipleAllocations"] = True
+        if self.lists:
+            device["attributes"].update(self._list_attributes(index))
         if counter_set is not None:
             device["consumesCounters"] = [
                 {"counterSet": counter_set, "counters": {"memory": {"value": _q(self.rng.choice((20, 40)))}}}
@@ -108,6 +116,18 @@ class Scenario:
             if self.rng.random() < 0.5:
                 device["bindsToNode"] = True
         return device
+
+    def _list_attributes(self, index: int) -> dict[str, Any]:
+        """A GPU's NUMA nodes as the list form of numaNode gives them (its own, then same-socket neighbours; at
+        times a scalar, which compares as a set of one) and zones (strings; at times a lone string or an int)."""
+        own = index % 4
+        numas = [own, *self.rng.sample([n for n in range(4) if n != own], self.rng.choice((0, 1, 1, 2)))]
+        zone = self.rng.choice(("list", "list", "string", "int"))
+        zones = self.rng.sample(("a", "b", "c"), self.rng.randint(1, 2))
+        return {
+            "numas": {"ints": numas} if self.rng.random() < 0.8 else {"int": own},
+            "zones": {"strings": zones} if zone == "list" else {"string": zones[0]} if zone == "string" else {"int": 1},
+        }
 
     def _node_slices(self, node: str) -> list[dict[str, Any]]:
         pool = f"{node}-gpus"
@@ -191,6 +211,12 @@ class Scenario:
             devices["constraints"] = [{"requests": [r["name"] for r in requests], "matchAttribute": f"{DRIVER}/{attr}"}]
         elif self.rng.random() < 0.15:
             devices["constraints"] = [{"distinctAttribute": f"{DRIVER}/index"}]
+        if self.lists and self.rng.random() < 0.7:
+            kind = self.rng.choice(("matchAttribute", "matchAttribute", "distinctAttribute"))
+            constraint: dict[str, Any] = {kind: f"{DRIVER}/{self.rng.choice(('numas', 'numas', 'zones'))}"}
+            if len(requests) == 2 and self.rng.random() < 0.5:
+                constraint["requests"] = [requests[0]["name"]]
+            devices["constraints"] = [*devices.get("constraints", []), constraint]
         return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -232,7 +258,11 @@ class Scenario:
             "claims": [self.claim(i) for i in range(claims)],
             "nodes": self.nodes,
             "deviceTaintRules": self.taint_rules(),
-            "features": {**FEATURES_1_37, "DeviceBindingAndStatus": self.rng.random() < 0.8},
+            "features": {
+                **FEATURES_1_37,
+                "DeviceBindingAndStatus": self.rng.random() < 0.8,
+                "ListTypeAttributes": self.lists,
+            },
         }
 
 

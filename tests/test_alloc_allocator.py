@@ -479,6 +479,16 @@ def test_a_device_taint_rule_without_a_selector_taints_nothing_since_1_37() -> N
         assert (alloc.allocate(wanted, "node-a") is not None) == allocated, release
 
 
+def test_distinct_attribute_compares_every_device_since_1_37() -> None:
+    """1.37's distinctAttribute keeps every device's value; 1.36's kept one per request, its last device's, so a
+    request's third device was only kept apart from its second."""
+    devices = [dev(f"d{i}", attributes={"model": v}) for i, v in enumerate("aba")]
+    wanted = [claim("c", req("r", "any", 3), constraints=[{"distinctAttribute": f"{D}/model"}])]
+    for release, got in ((KUBERNETES_1_37, None), (KUBERNETES_1_36, ["d0", "d1", "d2"])):
+        results = Allocator([rslice(devices)], [ANY], features=release).allocate(wanted, "node-a")
+        assert (results and devices_of(results[0].to_api())) == got, release
+
+
 def test_distinct_attribute_keeps_shared_device_apart() -> None:
     # One request never gets one device twice, shared or not (upstream searches on after the device it picked,
     # as tools/allocbench shows); two requests of one claim may each take a share of it.

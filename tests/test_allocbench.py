@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from dra_driver.allocation.allocator import AllocationError, Allocator
+from dra_driver.cel.features import active
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import build_slices
@@ -97,6 +99,7 @@ def run_ours(inp: dict[str, Any]) -> tuple[list[Any], float]:
         inp["classes"],
         taint_rules=inp.get("deviceTaintRules") or (),
         binding_conditions=features.get("DeviceBindingAndStatus", True),
+        features=replace(active(), list_type_attributes=features.get("ListTypeAttributes", False)),
     )
     nodes: list[str] = inp["nodes"]
     results: list[dict[str, Any]] = []

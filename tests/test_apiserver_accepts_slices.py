@@ -12,11 +12,12 @@ from typing import Any, Literal
 import pytest
 
 from dra_driver.api.slice import DeviceTaint, ResourceSlice
+from dra_driver.health.monitor import INFORMATIONAL_EFFECT_MINOR, publishable
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
-from dra_driver.slices.limits import parse_minor
+from dra_driver.slices.limits import limits_for, parse_minor
 from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions
 
 NODE = "slice-test-node"
@@ -119,8 +120,9 @@ def test_server_accepts_our_slices(
     mode: PublishMode,
 ) -> None:
     """What the driver publishes for the server's minor, and for the minor before (a driver configured for an older
-    control plane during an upgrade), back to 1.35: from 1.35 on servers refuse 1.34's layout (the test below)."""
-    version = f"1.{max(minor - behind, 35)}"
+    control plane during an upgrade), back to 1.35: from 1.35 on servers refuse 1.34's layout and 1.34 refuses later
+    ones (the test below)."""
+    version = f"1.{max(minor - behind, min(minor, 35))}"
     slices = [s.to_api() for s in _slices(machine, tmp_path, node, version, mode)]
     _apply_and_compare(server, slices, node, f"{machine}/{version}/{mode}")
 
@@ -137,6 +139,12 @@ def test_server_keeps_device_taints(
     inventory = discover(sim, sim.sysfs_root)
     taints = {"gpu-0": [DeviceTaint(key="example.com/unhealthy", value="xid-79", effect=effect)]}
     slices = build_slices(inventory, node_name=node[0], node_uid=node[1], k8s_version=minor, taints=taints)
+    if effect == "None" and minor < INFORMATIONAL_EFFECT_MINOR:
+        # before 1.35 the server knows no effect None, and the driver leaves such taints out
+        assert publishable(taints, minor) == {}
+        (tainted,) = [s.to_api() for s in slices if any(d.taints for d in s.spec.devices or [])]
+        assert 'taints[0].effect: Unsupported value: "None"' in _create(server, tainted)
+        return
     _apply_and_compare(server, [s.to_api() for s in slices], node, f"a {effect} taint")
 
 
@@ -152,36 +160,68 @@ def _create(cp: ControlPlane, obj: dict[str, Any]) -> str:
     return proc.stderr
 
 
-def test_server_rejects_65_devices_with_counters(
+def _at_the_limit(slices: list[dict[str, Any]], minor: int, beyond: bool) -> tuple[dict[str, Any], str]:
+    """One slice at its minor's bound on devices that consume counters, the most that fit (`beyond`: one more), and
+    the server's message for one past it. From 1.35: 64 such devices (their counter sets in slices of their own); 1.34
+    bounds the counters those devices consume instead, 1024 in a slice (the sets in the slice itself), so the first
+    GPU's whole-GPU device is repeated under new names until one more would pass it."""
+    limits = limits_for(minor)
+    if limits.max_device_counters_per_slice is None:
+        n = limits.max_devices_with_counters_or_taints
+        devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
+        assert len(devices) > n
+        one = slices[1]
+        one["spec"]["devices"] = devices[: n + beyond]
+        return one, f"spec.devices: Too many: {n + 1}: must have at most {n} items"
+    one = slices[0]
+
+    def counted(device: dict[str, Any]) -> int:
+        return sum(len(c["counters"]) for c in device.get("consumesCounters", []))
+
+    heaviest = max(one["spec"]["devices"], key=counted)  # the whole GPU: the most counters per device
+    devices: list[dict[str, Any]] = []
+    bound = limits.max_device_counters_per_slice
+    while sum(map(counted, devices)) + counted(heaviest) <= bound:
+        devices.append(dict(heaviest, name=f"{heaviest['name']}-{len(devices)}"))
+    if beyond:
+        devices.append(dict(heaviest, name=f"{heaviest['name']}-{len(devices)}"))
+    assert len(devices) <= limits.max_devices
+    one["spec"]["devices"] = devices
+    return one, f"the total number of counters in devices must not exceed {bound}"
+
+
+def test_server_refuses_one_device_past_its_minors_bound(
     server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
 ) -> None:
-    slices = _partitionable_h200(tmp_path, node, f"1.{minor}")
-    devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
-    assert len(devices) >= 65
-    bad = slices[1]
+    bad, message = _at_the_limit(_partitionable_h200(tmp_path, node, f"1.{minor}"), minor, beyond=True)
     bad["metadata"]["name"] = "too-many-devices"
-    bad["spec"]["devices"] = devices[:65]
     err = _create(server, bad)
-    assert "spec.devices: Too many: 65: must have at most 64 items" in err, err
+    assert message in err, err
 
 
-def test_server_accepts_64_devices_with_counters(
+def test_server_accepts_a_slice_at_its_minors_bound(
     server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
 ) -> None:
     """The control for the test above: the same slice one device shorter is fine."""
-    slices = _partitionable_h200(tmp_path, node, f"1.{minor}")
-    devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
-    ok = slices[1]
+    ok, _ = _at_the_limit(_partitionable_h200(tmp_path, node, f"1.{minor}"), minor, beyond=False)
     ok["metadata"]["name"] = "just-enough-devices"
-    ok["spec"]["devices"] = devices[:64]
     try:
         server.kubectl("create", "-f", "-", input=json.dumps(ok))
     finally:
         _delete_slices(server, node[0])
 
 
-def test_server_rejects_the_1_34_layout(server: ControlPlane, node: tuple[str, str], tmp_path: Path) -> None:
-    """1.34 kept a GPU's counter set and devices in one slice; from 1.35 a slice may hold only one of them."""
+def test_server_refuses_the_other_counter_layout(
+    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
+) -> None:
+    """1.34 kept a GPU's counter set and devices in one slice; from 1.35 a slice holds only one of them, the devices
+    consuming sets anywhere in the pool. Each server refuses the other's layout."""
+    if minor == 34:
+        slices = _partitionable_h200(tmp_path, node, "1.35")
+        assert not slices[1]["spec"].get("sharedCounters") and slices[1]["spec"].get("devices")
+        err = _create(server, slices[1])
+        assert "must reference a counterSet defined in the ResourceSlice sharedCounters" in err, err
+        return
     slices = _partitionable_h200(tmp_path, node, "1.34")
     assert slices[0]["spec"].get("sharedCounters") and slices[0]["spec"].get("devices")
     err = _create(server, slices[0])

@@ -327,6 +327,14 @@ def test_node_configs_reach_the_daemon_with_the_rbac_they_need(helm: Helm, tmp_p
     assert "--node-config-label=example.com/gpu-config" in label
 
 
+def test_numa_node_form_list_reaches_the_daemon(helm: Helm) -> None:
+    """Scalar by default (no flag: the daemon's own default); list only when asked, for clusters with
+    DRAListTypeAttributes on."""
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["numaNodeForm"] == "scalar"
+    assert not [a for a in _plugin(_render(helm))["c"]["args"] if a.startswith("--numa-node-form")]
+    assert "--numa-node-form=list" in _plugin(_render(helm, "--set", "numaNodeForm=list"))["c"]["args"]
+
+
 @pytest.mark.parametrize(
     ("version", "mode"), [("1.34.0", DEFAULT_MODE.value), ("1.36.3", DEFAULT_MODE.value), ("1.37.0", "partitionable")]
 )
@@ -348,6 +356,8 @@ def test_bad_values_fail_the_render(helm: Helm) -> None:
         (("--set", "replicas=4"), "replicas apply to mode shared only, not partitionable"),
         (("--set", "mode=shared", "--set", "replicas=0"), "replicas must be a number from 1 to 1024 or unlimited"),
         (("--set", "mode=shared", "--set", "replicas=1025"), "replicas must be a number from 1 to 1024 or unlimited"),
+        (("--set", "numaNodeForm=lists"), "numaNodeForm must be scalar or list"),
+        (("--set", "numaNodeForm=list", "--kube-version", "1.35.4"), "numaNodeForm list needs list-type attributes"),
     ):
         proc = _run(helm, "template", RELEASE, str(CHART), *values, check=False)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr

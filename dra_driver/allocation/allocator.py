@@ -343,10 +343,12 @@ class _Search:
         for claim in self.claims:
             cons: list[Constraint] = []
             for i, c in enumerate(claim.spec.devices.constraints):
+                sets = self.alloc.features.list_type_attributes
                 if c.match_attribute is not None:
-                    cons.append(Constraint(i, c.requests, c.match_attribute, distinct=False))
+                    cons.append(Constraint(i, c.requests, c.match_attribute, distinct=False, sets=sets))
                 elif c.distinct_attribute is not None:
-                    cons.append(Constraint(i, c.requests, c.distinct_attribute, distinct=True))
+                    per_request = self.alloc.features.minor < 37  # 1.37 keeps every device's value
+                    cons.append(Constraint(i, c.requests, c.distinct_attribute, True, sets, per_request))
                 else:
                     raise AllocationError(f"claim {claim.key}, constraint #{i}: empty constraint")
             self.constraints.append(cons)

@@ -28,12 +28,28 @@ class DeviceAttribute(_Written):
     bool_: bool | None = Field(default=None, alias="bool")
     string: str | None = None
     version: str | None = None
+    # List values (DRAListTypeAttributes: alpha from 1.36, off by default): an API server without the gate drops
+    # them, and the attribute left without a value is rejected.
+    ints: list[int] | None = None
+    bools: list[bool] | None = None
+    strings: list[str] | None = None
+    versions: list[str] | None = None
 
     def value(self) -> object:
-        for v in (self.int_, self.bool_, self.string, self.version):
+        for v in (self.int_, self.bool_, self.string, self.version, self.ints, self.bools, self.strings, self.versions):
             if v is not None:
                 return v
         raise ValueError("empty attribute")
+
+    @property
+    def is_list(self) -> bool:
+        return any(v is not None for v in (self.ints, self.bools, self.strings, self.versions))
+
+    def elements(self) -> list[object]:
+        """The attribute's values: a list's items, or the one scalar (what the API server counts against
+        ResourceSliceMaxAttributeValuesPerDevice)."""
+        value = self.value()
+        return list(value) if isinstance(value, list) else [value]
 
 
 class CapacityRange(_Written):

@@ -26,6 +26,7 @@ from dra_driver.api import GROUP, VERSION
 from dra_driver.api.slice import ResourceSlice
 from dra_driver.controller.metrics import PublisherMetrics
 from dra_driver.kube.rest import ApiError, Watch, as_rest, path_of
+from dra_driver.slices.limits import LIST_ATTRIBUTES_GATE
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,35 @@ class PublisherStats:
 
 
 _RACES = frozenset({404, 409})  # Not Found, Conflict: the pool changed under a write
+_INVALID = 422
+_LIST_KINDS = ("ints", "bools", "strings", "versions")
+
+
+class ListAttributesRejected(ValueError):
+    """The API server refused a slice with list attributes: without DRAListTypeAttributes it drops the list values
+    and rejects the attributes left without one. The driver cannot see the cluster's gates, so it never falls back
+    to the scalar form by itself (upstream's deviceattribute says the same): the operator chooses."""
+
+    def __init__(self, slice_name: str, attributes: list[str], error: ApiError) -> None:
+        super().__init__(
+            f"the API server rejected ResourceSlice {slice_name}, whose attributes {', '.join(attributes)} are "
+            f"lists: list-type attributes need the {LIST_ATTRIBUTES_GATE} feature gate on the kube-apiserver and "
+            f"the kube-scheduler; turn it on there, or publish numaNode in scalar form (--numa-node-form scalar, the "
+            f"chart's numaNodeForm: scalar). The API server said: {error.message}"
+        )
+
+
+def _list_attributes(obj: dict[str, Any]) -> list[str]:
+    return sorted(
+        {
+            name
+            for d in obj.get("spec", {}).get("devices") or []
+            for name, value in (d.get("attributes") or {}).items()
+            if any(k in value for k in _LIST_KINDS)
+        }
+    )
+
+
 QUIET_RACES = 3
 
 
@@ -134,11 +164,17 @@ class Publisher:
         new_generation = generation + 1
         for d in [s.to_api() for s in self._desired(new_generation, self._node_uid)]:
             name = d["metadata"]["name"]
-            if name in by_name:
-                d["metadata"]["resourceVersion"] = by_name[name]["metadata"]["resourceVersion"]
-                self._call("replace", self._slice(name), d)
-            else:
-                self._call("create", self._path, d)
+            try:
+                if name in by_name:
+                    d["metadata"]["resourceVersion"] = by_name[name]["metadata"]["resourceVersion"]
+                    self._call("replace", self._slice(name), d)
+                else:
+                    self._call("create", self._path, d)
+            except ApiError as e:
+                listed = _list_attributes(d)
+                if e.status == _INVALID and listed:
+                    raise ListAttributesRejected(name, listed, e) from e
+                raise
             by_name.pop(name, None)
         for name in by_name:  # old generations and slices beyond the new count, after the new pool is complete
             self._call("delete", self._slice(name))
@@ -173,8 +209,10 @@ class Publisher:
                 races = races + 1 if isinstance(e, ApiError) and e.status in _RACES else 0
                 # a slice deleted or changed between the list and the write (a restarting kubelet wipes the
                 # node's slices, at its start and again when the plugin registers): routine, the next pass lists
-                # again; more than a few in a row, it is a problem
-                (log.info if 0 < races <= QUIET_RACES else log.warning)(
+                # again; more than a few in a row, it is a problem. Refused list attributes need the operator: an
+                # error, retried only so that the pool appears once the gate is on.
+                quiet = 0 < races <= QUIET_RACES
+                (log.error if isinstance(e, ListAttributesRejected) else log.info if quiet else log.warning)(
                     "publishing pool %s failed (%s); retrying", self.node_name, self.last_error
                 )
                 self._wake.wait(random.uniform(0, delay))  # full jitter

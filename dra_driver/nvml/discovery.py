@@ -13,7 +13,7 @@ import pynvml
 from dra_driver.nvml.api import Handle, NvmlLibrary, as_text, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigInstance, MigProfile, Placement
 from dra_driver.nvml.migprofile import COMPUTE_INSTANCE_ENUM_BY_SLICES, GPU_INSTANCE_ENUMS, profile_name
-from dra_driver.nvml.pcie import normalize_bus_id, numa_node, pcie_root
+from dra_driver.nvml.pcie import normalize_bus_id, numa_nodes, pcie_root
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
     profiles = _mig_profiles(lib, h, memory_total) if capable and not virtualized else ()
     instances = _mig_instances(lib, h, profiles) if enabled else ()
     cluster, clique = _fabric(lib, h)
+    numa = numa_nodes(bdf, sysfs_root)
     return GpuInfo(
         index=index,
         minor=_call(f"GPU {index} minor number", lib.nvmlDeviceGetMinorNumber, h),
@@ -125,7 +126,8 @@ def _discover_gpu(lib: NvmlLibrary, index: int, sysfs_root: Path) -> GpuInfo:
         cuda_compute_capability=f"{major}.{minor_cc}",
         pci_bus_id=bdf,
         pcie_root=pcie_root(bdf, sysfs_root),
-        numa_node=numa_node(bdf, sysfs_root),
+        numa_node=numa[0] if numa else None,
+        numa_peers=numa[1:],
         fabric_cluster=cluster,
         fabric_clique=clique,
         pci_device_id=int(pci.pciDeviceId),

@@ -71,6 +71,9 @@ class GpuInfo(_Frozen):
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
     numa_node: int | None = None  # sysfs numa_node; None: unknown or no affinity
+    # The other nodes of the GPU's socket as close to it as its own (sub-NUMA clustering), ascending: the list form
+    # of numaNode is (numa_node, *numa_peers) (nvml.pcie.numa_nodes)
+    numa_peers: tuple[int, ...] = ()
     fabric_cluster: str | None = None  # NVLink fabric cluster UUID (an NVL72 rack's domain); None: no fabric
     fabric_clique: int | None = None  # the clique within it: GPUs that reach each other over NVLink
 

@@ -111,13 +111,62 @@ class MachineGpu(_Strict):
     numa_node: int = Field(default=-1, ge=-1, description="sysfs numa_node of the GPU's PCI function; -1: none")
 
 
+class NumaTopology(_Strict):
+    """The host's CPUs and NUMA nodes as the kernel shows them under /sys/devices/system (what the list form of
+    `numaNode` reads): nodes numbered socket by socket, each with its cores, the hyperthread siblings numbered after
+    every first thread (Linux's order), and the SLIT distance table of /sys/devices/system/node/nodeN/distance."""
+
+    sockets: int = Field(default=2, ge=1)
+    nodes_per_socket: int = Field(
+        default=1, ge=1, description="above 1: sub-NUMA clustering (Intel SNC2/SNC4) or AMD's NPS2/NPS4"
+    )
+    cores_per_node: int = Field(ge=1)
+    threads_per_core: int = Field(default=2, ge=1, le=2)
+    local_distance: int = 10  # the ACPI SLIT's self distance
+    same_socket_distance: int = Field(default=12, description="between two nodes of one socket")
+    other_socket_distance: int = Field(description="between nodes of different sockets")
+
+    @property
+    def nodes(self) -> int:
+        return self.sockets * self.nodes_per_socket
+
+    def socket(self, node: int) -> int:
+        return node // self.nodes_per_socket
+
+    def distances(self, node: int) -> list[int]:
+        """Node `node`'s row of the distance table."""
+        return [
+            self.local_distance
+            if other == node
+            else self.same_socket_distance
+            if self.socket(other) == self.socket(node)
+            else self.other_socket_distance
+            for other in range(self.nodes)
+        ]
+
+    def cpu_ranges(self, node: int) -> list[range]:
+        """The node's CPUs: its cores' first threads, then (with SMT) their siblings, numbered after all first ones."""
+        cores = self.nodes * self.cores_per_node
+        first = node * self.cores_per_node
+        return [range(t * cores + first, t * cores + first + self.cores_per_node) for t in range(self.threads_per_core)]
+
+
 class MachineSpec(_Strict):
     name: str
     description: str
     driver_version: str
     cuda_driver_version: int = Field(description="nvmlSystemGetCudaDriverVersion, e.g. 12080")
     nvlink_fabric: bool = Field(default=False, description="GPUs join a multi-node NVLink fabric (NVL72 racks)")
+    numa: NumaTopology | None = Field(default=None, description="None: no /sys/devices/system tree")
     gpus: list[MachineGpu]
+
+    @model_validator(mode="after")
+    def _gpus_on_known_nodes(self) -> MachineSpec:
+        if self.numa is not None:
+            for gpu in self.gpus:
+                if gpu.numa_node >= self.numa.nodes:
+                    raise ValueError(f"GPU {gpu.pci_bus_id}: NUMA node {gpu.numa_node} of {self.numa.nodes}")
+        return self
 
 
 RECOVERY_ACTIONS: dict[str, int] = {

@@ -172,7 +172,7 @@ class SimulatedNvml:
         ]
         self.store = StateStore(self.state_dir, self.spec, on_commit=self._sync_kernel_files)
         write_conf(self.state_dir, self.spec)  # the simulated libnvidia-ml of the driver root finds its server by it
-        self.sysfs_root = write_fake_sysfs(self.state_dir / "sys", self.spec.gpus)
+        self.sysfs_root = write_fake_sysfs(self.state_dir / "sys", self.spec.gpus, self.spec.numa)
         ensure_driver_root(self.driver_root, self.spec.driver_version, smi_table=None)  # nvidia-smi: at commits
         self._init_count = 0
 

@@ -1,5 +1,8 @@
-"""A fake sysfs tree with the PCI topology of a simulated machine, so PCIe-root and NUMA discovery read a real
-directory layout (`/sys/bus/pci/devices/<bdf>` -> `/sys/devices/pci<dom>:<bus>/.../<bdf>`, with its `numa_node`)."""
+"""A fake sysfs tree with the PCI and NUMA topology of a simulated machine, so PCIe-root and NUMA discovery read a
+real directory layout: `/sys/bus/pci/devices/<bdf>` -> `/sys/devices/pci<dom>:<bus>/.../<bdf>`, with its
+`numa_node`; `/sys/devices/system/node/nodeN/{distance,cpulist}` and
+`/sys/devices/system/cpu/cpuX/topology/physical_package_id`, which the list form of `numaNode` reads to find the
+same-socket nodes as close as the GPU's own (sub-NUMA clustering)."""
 
 from __future__ import annotations
 
@@ -8,10 +11,29 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dra_driver.nvml.pcie import normalize_bus_id
-from dra_driver.simulator.catalog import MachineGpu
+from dra_driver.simulator.catalog import MachineGpu, NumaTopology
 
 
-def write_fake_sysfs(root: Path, gpus: Sequence[MachineGpu]) -> Path:
+def _cpulist(ranges: Sequence[range]) -> str:
+    """The kernel's cpulist format: `0-27,112-139`."""
+    return ",".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) for r in ranges)
+
+
+def _write_numa(root: Path, numa: NumaTopology) -> None:
+    system = root / "devices" / "system"
+    for node in range(numa.nodes):
+        node_dir = system / "node" / f"node{node}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        (node_dir / "distance").write_text(" ".join(map(str, numa.distances(node))) + "\n")
+        ranges = numa.cpu_ranges(node)
+        (node_dir / "cpulist").write_text(_cpulist(ranges) + "\n")
+        for cpu in (c for r in ranges for c in r):
+            topology = system / "cpu" / f"cpu{cpu}" / "topology"
+            topology.mkdir(parents=True, exist_ok=True)
+            (topology / "physical_package_id").write_text(f"{numa.socket(node)}\n")
+
+
+def write_fake_sysfs(root: Path, gpus: Sequence[MachineGpu], numa: NumaTopology | None = None) -> Path:
     bus_dir = root / "bus" / "pci" / "devices"
     bus_dir.mkdir(parents=True, exist_ok=True)
     for gpu in gpus:
@@ -24,4 +46,6 @@ def write_fake_sysfs(root: Path, gpus: Sequence[MachineGpu]) -> Path:
         link = bus_dir / bdf
         if not link.is_symlink():
             os.symlink(os.path.relpath(device_dir, bus_dir), link)
+    if numa is not None:
+        _write_numa(root, numa)
     return root

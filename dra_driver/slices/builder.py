@@ -9,11 +9,18 @@ from dra_driver.api.meta import ObjectMeta, OwnerReference
 from dra_driver.api.slice import CounterSet, Device, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
-from dra_driver.slices.devices import GpuDevices, PublishMode, check_replicas, gpu_devices, publish_names
-from dra_driver.slices.limits import SliceLimits, limits_for
-from dra_driver.slices.validation import SliceLimitError, validate_pool
+from dra_driver.slices.devices import (
+    GpuDevices,
+    NumaNodeForm,
+    PublishMode,
+    check_replicas,
+    gpu_devices,
+    publish_attributes,
+)
+from dra_driver.slices.limits import LIST_ATTRIBUTES_GATE, LIST_ATTRIBUTES_MINOR, SliceLimits, limits_for
+from dra_driver.slices.validation import SliceLimitError, uses_advanced_features, validate_pool
 
-__all__ = ["PublishMode", "SliceLimitError", "build_slices"]
+__all__ = ["NumaNodeForm", "PublishMode", "SliceLimitError", "build_slices"]
 
 log = logging.getLogger(__name__)
 CONSUMABLE_CAPACITY_BETA = 36  # the minor from which DRAConsumableCapacity is on by default
@@ -24,8 +31,7 @@ def _chunks(items: list[Device], size: int) -> list[list[Device]]:
 
 
 def _device_chunk_size(devices: list[Device], limits: SliceLimits) -> int:
-    advanced = any(d.consumes_counters or d.taints for d in devices)
-    return limits.max_devices_with_counters_or_taints if advanced else limits.max_devices
+    return limits.max_devices_with_advanced_features if uses_advanced_features(devices) else limits.max_devices
 
 
 def _layout(groups: list[GpuDevices], limits: SliceLimits) -> list[tuple[list[Device], list[CounterSet]]]:
@@ -55,6 +61,16 @@ def _layout(groups: list[GpuDevices], limits: SliceLimits) -> list[tuple[list[De
     return out
 
 
+def check_numa_form(numa_form: NumaNodeForm, k8s_version: str | int) -> None:
+    """SliceLimitError when the Kubernetes version has no list attributes for the list form of numaNode."""
+    limits = limits_for(k8s_version)
+    if numa_form is NumaNodeForm.LIST and not limits.list_attributes:
+        raise SliceLimitError(
+            f"numaNode in list form needs list-type attributes ({LIST_ATTRIBUTES_GATE}), which Kubernetes "
+            f"1.{limits.minor} does not have (alpha from 1.{LIST_ATTRIBUTES_MINOR}): publish it in scalar form"
+        )
+
+
 def build_slices(
     inventory: Inventory,
     *,
@@ -63,6 +79,7 @@ def build_slices(
     k8s_version: str | int = "1.35",
     mode: PublishMode = PublishMode.PARTITIONABLE,  # the full layout; the daemon's default is DEFAULT_MODE
     replicas: int | None = None,  # shared mode: None by memory, 0 unlimited, N claims per GPU (check_replicas)
+    numa_form: NumaNodeForm = NumaNodeForm.SCALAR,
     taints: Mapping[str, list[DeviceTaint]] | None = None,
     generation: int = 1,
     node_uid: str | None = None,
@@ -80,9 +97,11 @@ def build_slices(
         # Before 1.36 DRAConsumableCapacity is alpha: an API server without the gate drops allowMultipleAllocations
         # and the request policy, and the GPUs would be handed out whole.
         log.warning("shared mode needs the DRAConsumableCapacity feature gate on Kubernetes 1.%d", limits.minor)
-    groups = [gpu_devices(inventory, gpu, mode, replicas) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
-    for group in groups:
-        publish_names(group.devices, limits.minor)
+    check_numa_form(numa_form, limits.minor)
+    gpus = sorted(inventory.gpus, key=lambda g: g.minor)
+    groups = [gpu_devices(inventory, gpu, mode, replicas) for gpu in gpus]
+    for gpu, group in zip(gpus, groups, strict=True):
+        publish_attributes(group.devices, gpu, limits.minor, numa_form)
     for name, device_taints in (taints or {}).items():
         device = next((d for g in groups for d in g.devices if d.name == name), None)
         if device is None:

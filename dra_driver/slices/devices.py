@@ -33,6 +33,17 @@ class PublishMode(StrEnum):
     SHARED = "shared"  # whole GPUs that several claims share, each taking part of the memory (consumable capacity)
 
 
+class NumaNodeForm(StrEnum):
+    """How the NUMA node attribute is published (k8s.io/dynamic-resource-allocation's deviceattribute.AttributeForm).
+
+    The list form needs DRAListTypeAttributes (alpha, off by default in 1.36 and 1.37) on the API server and the
+    scheduler; a driver cannot see the cluster's gates, so the operator chooses, and an API server without the gate
+    rejects the slices (the publisher says so) rather than the driver falling back by itself."""
+
+    SCALAR = "scalar"  # `int`: the GPU's own NUMA node
+    LIST = "list"  # `ints`: its own node first, then its socket's nodes as close to it (sub-NUMA clustering)
+
+
 # The daemon's default, and the chart's before Kubernetes 1.37: there MIG partitions carved on demand cost the
 # kube-scheduler more with every partitionable node (20x fewer pods/s on 100 nodes; bench/bench_scheduler.py,
 # docs/resourceslices.md), so they are opt-in, as NVIDIA's DynamicMIG is; static publishes whole GPUs and the MIG
@@ -66,21 +77,24 @@ def _common_attributes(inv: Inventory, gpu: GpuInfo) -> dict[str, DeviceAttribut
     if gpu.pcie_root:
         attrs[A.ATTR_PCIE_ROOT] = DeviceAttribute(string=gpu.pcie_root)
     if gpu.numa_node is not None:
-        attrs[A.ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.numa_node)  # renamed per version by publish_names
+        attrs[A.ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.numa_node)  # named and formed by publish_attributes
     if gpu.fabric_cluster is not None and gpu.fabric_clique is not None:
         attrs[A.ATTR_NVLINK_CLUSTER] = DeviceAttribute(string=gpu.fabric_cluster)
         attrs[A.ATTR_NVLINK_CLIQUE] = DeviceAttribute(string=A.clique_id(gpu.fabric_cluster, gpu.fabric_clique))
     return attrs
 
 
-def publish_names(devices: list[Device], minor: int) -> None:
-    """Attributes whose name depends on the Kubernetes minor, renamed in place for it."""
-    numa = A.numa_node_attribute(minor)
-    if numa == A.ATTR_NUMA_NODE:
-        return
+def publish_attributes(devices: list[Device], gpu: GpuInfo, minor: int, numa_form: NumaNodeForm) -> None:
+    """The NUMA node attribute of one GPU's devices, in place: named as the Kubernetes minor names it (the list form
+    too: before 1.37 it stays in our domain), and in the form asked for."""
+    name = A.numa_node_attribute(minor)
     for device in devices:
-        if A.ATTR_NUMA_NODE in device.attributes:
-            device.attributes[numa] = device.attributes.pop(A.ATTR_NUMA_NODE)
+        attr = device.attributes.pop(A.ATTR_NUMA_NODE, None)
+        if attr is None:
+            continue
+        if numa_form is NumaNodeForm.LIST and gpu.numa_node is not None:
+            attr = DeviceAttribute(ints=[gpu.numa_node, *gpu.numa_peers])
+        device.attributes[name] = attr
 
 
 def _whole_gpu(inv: Inventory, gpu: GpuInfo) -> Device:

@@ -11,16 +11,24 @@ import re
 from dataclasses import dataclass
 
 MIN_MINOR, MAX_MINOR = 34, 37
+LIST_ATTRIBUTES_MINOR = 36  # DeviceAttribute's ints, bools, strings and versions (DRAListTypeAttributes, alpha)
+LIST_ATTRIBUTES_GATE = "DRAListTypeAttributes"
 
 
 @dataclass(frozen=True)
 class SliceLimits:
     minor: int
     max_devices: int = 128
-    max_devices_with_counters_or_taints: int = 128
+    # ResourceSliceMaxDevicesWithAdvancedFeatures: a slice where any device has taints, consumes counters or (with
+    # list_attributes) has a list attribute
+    max_devices_with_advanced_features: int = 128
     max_attributes_and_capacities_per_device: int = 32
     max_taints_per_device: int = 16
-    max_attribute_value_length: int = 64
+    max_attribute_value_length: int = 64  # a string or version, and each string or version of a list
+    # 1.36+: list attributes (DRAListTypeAttributes, alpha and off by default in 1.36 and 1.37), and the cap on a
+    # device's attribute values, each item of a list counting as one (ResourceSliceMaxAttributeValuesPerDevice)
+    list_attributes: bool = False
+    max_attribute_values_per_device: int | None = None
     # 1.34 only
     counters_in_own_slice: bool = False
     max_shared_counters_per_slice: int | None = None
@@ -45,7 +53,9 @@ _LIMITS: dict[int, SliceLimits] = {
     **{
         minor: SliceLimits(
             minor=minor,
-            max_devices_with_counters_or_taints=64,
+            max_devices_with_advanced_features=64,
+            list_attributes=minor >= LIST_ATTRIBUTES_MINOR,
+            max_attribute_values_per_device=48 if minor >= LIST_ATTRIBUTES_MINOR else None,
             max_counter_sets_per_slice=8,
             max_counters_per_counter_set=32,
             max_counter_consumptions_per_device=2,

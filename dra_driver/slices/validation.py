@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 
-from dra_driver.api.slice import Device, ResourceSlice
+from dra_driver.api.slice import Device, DeviceAttribute, ResourceSlice
 from dra_driver.slices.limits import (
     DEVICE_NAME_MAX_LENGTH,
     DRIVER_NAME_MAX_LENGTH,
+    LIST_ATTRIBUTES_GATE,
+    LIST_ATTRIBUTES_MINOR,
     POOL_NAME_MAX_LENGTH,
     QUALIFIED_ID_MAX_LENGTH,
     SliceLimits,
@@ -44,6 +46,27 @@ def _check_qualified_name(where: str, name: str) -> None:
         raise SliceLimitError(f"{where}: domain of {name!r} is not a DNS subdomain of at most 63 characters")
 
 
+def uses_advanced_features(devices: list[Device]) -> bool:
+    """Whether a slice of these devices gets the API server's lower device limit
+    (ResourceSliceMaxDevicesWithAdvancedFeatures): taints, counters consumed or a list attribute."""
+    return any(d.consumes_counters or d.taints or any(a.is_list for a in d.attributes.values()) for d in devices)
+
+
+def _check_attribute(where: str, name: str, attr: DeviceAttribute, limits: SliceLimits) -> None:
+    m = limits.minor
+    if attr.is_list:
+        if not limits.list_attributes:
+            raise SliceLimitError(
+                f"{where}: attribute {name} is a list, which Kubernetes 1.{m} does not have "
+                f"({LIST_ATTRIBUTES_GATE}, alpha from 1.{LIST_ATTRIBUTES_MINOR})"
+            )
+        if not attr.elements():
+            raise SliceLimitError(f"{where}: attribute {name} is an empty list")
+    for value in attr.elements():
+        if isinstance(value, str):
+            _limit(f"{where}: length of attribute {name}", len(value.encode()), limits.max_attribute_value_length, m)
+
+
 def _check_device(where: str, d: Device, limits: SliceLimits) -> None:
     _check_label("device", d.name)
     m = limits.minor
@@ -53,11 +76,15 @@ def _check_device(where: str, d: Device, limits: SliceLimits) -> None:
         limits.max_attributes_and_capacities_per_device,
         m,
     )
-    for name, attr in {**d.attributes}.items():
+    _limit(
+        f"{where}: attribute values (a list's items each)",
+        sum(len(a.elements()) for a in d.attributes.values()),
+        limits.max_attribute_values_per_device,
+        m,
+    )
+    for name, attr in d.attributes.items():
         _check_qualified_name(where, name)
-        value = attr.value()
-        if isinstance(value, str):
-            _limit(f"{where}: length of attribute {name}", len(value), limits.max_attribute_value_length, m)
+        _check_attribute(where, name, attr, limits)
     for name, cap in d.capacity.items():
         _check_qualified_name(where, name)
         if cap.request_policy is not None and not d.allow_multiple_allocations:
@@ -83,8 +110,7 @@ def validate_slice(s: ResourceSlice, limits: SliceLimits) -> None:
     counter_sets = spec.shared_counters or []
     if not limits.counters_in_own_slice and devices and counter_sets:
         raise SliceLimitError(f"{where}: Kubernetes 1.{m} forbids devices and sharedCounters in one slice")
-    advanced = any(d.consumes_counters or d.taints for d in devices)
-    max_devices = limits.max_devices_with_counters_or_taints if advanced else limits.max_devices
+    max_devices = limits.max_devices_with_advanced_features if uses_advanced_features(devices) else limits.max_devices
     _limit(f"{where}: devices", len(devices), max_devices, m)
     _limit(f"{where}: counter sets", len(counter_sets), limits.max_counter_sets_per_slice, m)
     _limit(

@@ -49,7 +49,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     )
     if not any(
         _uses(session, f)
-        for f in ("control_plane", "queueing_cluster", "ungranular_status_cluster", "real_node", "node_binaries")
+        for f in (
+            "control_plane",
+            "queueing_cluster",
+            "ungranular_status_cluster",
+            "list_attributes_cluster",
+            "real_node",
+            "node_binaries",
+        )
     ):
         return
     if not go_available():
@@ -239,6 +246,19 @@ def queueing_cluster() -> Iterator[ControlPlane]:
     webhooks must not outlive it in the shared one."""
     _require()
     cp = ControlPlane(bin_dir=_bin_dir, controllers=(*DEFAULT_CONTROLLERS, "job-controller"))
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def list_attributes_cluster() -> Iterator[ControlPlane]:
+    """A control plane of its own with DRAListTypeAttributes on (alpha, off by default) in the API server and the
+    scheduler: list-valued device attributes, matched as sets."""
+    _require()
+    cp = ControlPlane(bin_dir=_bin_dir, feature_gates={"DRAListTypeAttributes": True})
     cp.start()
     try:
         yield cp

@@ -13,6 +13,11 @@
 // Output (stdout): {"results": [{"claim", "node", "devices": [{"request", "driver", "pool", "device", "shared",
 // "consumedCapacity", "bindingConditions", "bindingFailureConditions"}], "nodeSelector", "error"}],
 // "seconds": best of the repeats, "allocate_calls": Allocate calls per repeat}.
+//
+// `allocbench numa <sysfs root> <bdf>...` instead prints, for each PCI device, the `numaNode` attribute of
+// k8s.io/dynamic-resource-allocation/deviceattribute's GetNUMANodeAttributeByPCIBusID read from that sysfs tree, in
+// both forms: {"bdf", "scalar": DeviceAttribute, "list": DeviceAttribute, "error"} (the reference of
+// tests/test_numa_differential.py; the same module pins as the allocator, so one build serves both).
 package main
 
 import (
@@ -33,6 +38,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/dynamic-resource-allocation/structured"
 )
@@ -219,7 +225,41 @@ func run(ctx context.Context, in *input, slices []*resourceapi.ResourceSlice) ([
 	return results, calls, nil
 }
 
+type numaResult struct {
+	BDF    string                       `json:"bdf"`
+	Scalar *resourceapi.DeviceAttribute `json:"scalar,omitempty"`
+	List   *resourceapi.DeviceAttribute `json:"list,omitempty"`
+	Error  string                       `json:"error,omitempty"`
+}
+
+// numa prints upstream's numaNode attribute of each device in both forms; an error (no numa_node file, -1) leaves
+// both out. The two forms read the same numa_node, so they fail together.
+func numa(root string, bdfs []string) error {
+	out := []numaResult{}
+	for _, bdf := range bdfs {
+		r := numaResult{BDF: bdf}
+		scalar, err := deviceattribute.GetNUMANodeAttributeByPCIBusID(bdf, deviceattribute.ScalarAttribute, deviceattribute.WithFSFromRoot(root))
+		if err == nil {
+			var list deviceattribute.DeviceAttribute
+			list, err = deviceattribute.GetNUMANodeAttributeByPCIBusID(bdf, deviceattribute.ListAttribute, deviceattribute.WithFSFromRoot(root))
+			r.Scalar, r.List = &scalar.Value, &list.Value
+		}
+		if err != nil {
+			r.Scalar, r.List, r.Error = nil, nil, err.Error()
+		}
+		out = append(out, r)
+	}
+	return json.NewEncoder(os.Stdout).Encode(out)
+}
+
 func main() {
+	if len(os.Args) > 2 && os.Args[1] == "numa" {
+		if err := numa(os.Args[2], os.Args[3:]); err != nil {
+			fmt.Fprintln(os.Stderr, "allocbench numa:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var in input
 	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
 		fmt.Fprintln(os.Stderr, "allocbench: reading input:", err)

@@ -66,6 +66,12 @@ static
 {{- if not (has .Values.mode (list "" "partitionable" "static" "gpus" "shared")) -}}
 {{- fail (printf "mode must be partitionable, static, gpus or shared, not %q" .Values.mode) -}}
 {{- end -}}
+{{- if not (has .Values.numaNodeForm (list "scalar" "list")) -}}
+{{- fail (printf "numaNodeForm must be scalar or list, not %q" .Values.numaNodeForm) -}}
+{{- end -}}
+{{- if and (eq .Values.numaNodeForm "list") (semverCompare "<1.36.0-0" (include "dra-driver.kubeVersion" .)) -}}
+{{- fail "numaNodeForm list needs list-type attributes (DRAListTypeAttributes), which Kubernetes 1.35 and older do not have" -}}
+{{- end -}}
 {{- $replicas := .Values.replicas | toString -}}
 {{- $mode := include "dra-driver.mode" . -}}
 {{- if and $replicas (ne $mode "shared") -}}
