@@ -6,10 +6,12 @@ attribute, capacity by capacity and counter by counter (tests/slice_compare.py).
 Modes compared: NVIDIA's default (whole GPUs, and the MIG devices that exist on a GPU with MIG on) with our `static`;
 its `DynamicMIG` gate (every MIG partition, carved at prepare, with shared counters) with our `partitionable`; its
 `ConsumableShares` gate (`--consumable-shares` memory, N or unlimited) with our `shared` (by memory, `--replicas N`,
-unlimited). Machines: the simulated DGX H100, DGX H200 and the mixed machine in every mode (in the static and shared
-modes the H200 and the mixed machine carry MIG devices made before either driver starts, as an admin, mig-parted or
-the GPU Operator leaves them); the DGX A100 (MIG off), DGX B200 and GB200 NVL72 tray under dynamic MIG, the tray in
-the static mode too.
+unlimited); its `DRAListTypeAttributes` gate with our `--numa-node-form list` (numaNode as a list, against an API
+server with that gate on). Machines: the simulated DGX H100, DGX H200 and the mixed machine in every mode but the list
+form (in the static and shared modes the H200 and the mixed machine carry MIG devices made before either driver
+starts, as an admin, mig-parted or the GPU Operator leaves them); the DGX A100 (MIG off), DGX B200 and GB200 NVL72
+tray under dynamic MIG, the tray in the static mode too; the list form on dgx-h100-snc2 (sub-NUMA clustering) and the
+mixed machine.
 
 Every difference is fixed in our driver or listed in KNOWN with its reason; the test fails on a difference KNOWN does
 not name and on an entry of KNOWN that no longer occurs. docs/comparison.md carries the table as measured (its
@@ -32,7 +34,7 @@ import pytest
 
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
-from dra_driver.slices.builder import PublishMode, build_slices
+from dra_driver.slices.builder import NumaNodeForm, PublishMode, build_slices
 from dra_driver.slices.limits import parse_minor
 from tests.cluster.controlplane import ControlPlane
 from tests.nvidia_driver import DRIVER as NVIDIA_DRIVER
@@ -64,15 +66,17 @@ class Case:
     mode: str  # STATIC or DYNAMIC
     mig: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     shares: str = "disabled"  # NVIDIA's --consumable-shares (SHARED): memory, unlimited or N
+    numa_list: bool = False  # numaNode in list form: NVIDIA's DRAListTypeAttributes gate, our --numa-node-form list
 
     @property
     def id(self) -> str:
         mode = {STATIC: "static", DYNAMIC: "dynamic", SHARED: f"shares-{self.shares}"}[self.mode]
-        return f"{self.machine}-{mode}"
+        return f"{self.machine}-{mode}" + ("-numa-list" if self.numa_list else "")
 
     @property
     def nvidia_gates(self) -> dict[str, bool]:
-        return {DYNAMIC: {"DynamicMIG": True}, SHARED: {"ConsumableShares": True}}.get(self.mode, {})
+        gates = {DYNAMIC: {"DynamicMIG": True}, SHARED: {"ConsumableShares": True}}.get(self.mode, {})
+        return {**gates, "DRAListTypeAttributes": True} if self.numa_list else gates
 
     @property
     def our_mode(self) -> PublishMode:
@@ -87,6 +91,8 @@ class Case:
 
     @property
     def ours_described(self) -> str:
+        if self.numa_list:
+            return f"`{self.our_mode.value}` `--numa-node-form list`"
         if self.mode != SHARED:
             return f"`{self.our_mode.value}`"
         replicas = {None: "", 0: " `--replicas unlimited`"}.get(self.our_replicas, f" `--replicas {self.our_replicas}`")
@@ -95,6 +101,8 @@ class Case:
     @property
     def nvidia_described(self) -> str:
         made = " + MIG devices made before" if self.mig else ""
+        if self.numa_list:
+            return f"default + `DRAListTypeAttributes`{made}"
         if self.mode == DYNAMIC:
             return "`DynamicMIG`"
         if self.mode == SHARED:
@@ -116,6 +124,9 @@ CASES = [
     Case("dgx-h100", SHARED, shares="memory"),
     Case("dgx-h200", SHARED, _H200_MIG, shares="4"),
     Case("mixed", SHARED, _MIXED_MIG, shares="unlimited"),
+    # against an API server with DRAListTypeAttributes on (the list form is refused without it)
+    Case("dgx-h100-snc2", STATIC, numa_list=True),
+    Case("mixed", STATIC, _MIXED_MIG, numa_list=True),
 ]
 
 
@@ -295,6 +306,7 @@ def _ours(cp: ControlPlane, sim: SimulatedNvml, node_uid: str, minor: int, case:
         k8s_version=f"1.{minor}",
         mode=case.our_mode,
         replicas=case.our_replicas,
+        numa_form=NumaNodeForm.LIST if case.numa_list else NumaNodeForm.SCALAR,
     )
     selector = f"--field-selector=spec.driver={OURS},spec.nodeName={NODE}"
     items = [s.to_api() for s in slices]
@@ -326,15 +338,23 @@ def _measure(cp: ControlPlane, case: Case, node_uid: str, minor: int, work: Path
 
 
 @pytest.fixture(scope="module")
-def measured(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Measured]]:
-    cp = control_plane
-    minor = parse_minor(cp.server_version())
-    uid = cp.create_node(NODE, labels={"nvidia.com/gpu.present": "true"})
+def measured(
+    control_plane: ControlPlane, list_attributes_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Measured]]:
+    """Every case measured: on the session's control plane, or, for the list form, on one with DRAListTypeAttributes."""
     work = tmp_path_factory.mktemp("nvidia-slices")
-    try:
-        yield {case.id: _measure(cp, case, uid, minor, work) for case in CASES}
-    finally:
-        cp.delete_node(NODE)
+    out: dict[str, Measured] = {}
+    for cp, cases in (
+        (control_plane, [c for c in CASES if not c.numa_list]),
+        (list_attributes_cluster, [c for c in CASES if c.numa_list]),
+    ):
+        minor = parse_minor(cp.server_version())
+        uid = cp.create_node(NODE, labels={"nvidia.com/gpu.present": "true"})
+        try:
+            out.update({case.id: _measure(cp, case, uid, minor, work) for case in cases})
+        finally:
+            cp.delete_node(NODE)
+    yield out
 
 
 def _unexplained(m: Measured) -> list[Difference]:
@@ -351,6 +371,11 @@ def test_nvidia_publishes_what_we_publish_but_for_the_known_differences(
     assert m.theirs.devices and set(m.theirs.devices) == set(m.ours.devices)
     if case.mig:
         assert any(d.kind.startswith("mig") and "uuid" in d.attributes for d in m.theirs.devices.values())
+    if case.numa_list:  # the list form, as NVIDIA's plugin reads it from the simulated sysfs (upstream's code)
+        lists = [d.attributes.get("resource.kubernetes.io/numaNode") for d in m.theirs.devices.values()]
+        assert all(a is None or a[0] == "ints" for a in lists) and any(a for a in lists)
+        if case.machine == "dgx-h100-snc2":  # sub-NUMA clustering: a GPU's node and its socket's other half
+            assert all(a is not None and len(a[1]) == 2 for a in lists), lists
     unexplained = _unexplained(m)
     assert not unexplained, "differences KNOWN does not list:\n" + "\n".join(str(d) for d in unexplained[:40])
 
