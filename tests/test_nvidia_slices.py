@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from dra_driver.nvml.discovery import discover
+from dra_driver.plugin.grpc.kubelet import KubeletHarness
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import NumaNodeForm, PublishMode, build_slices
 from dra_driver.slices.limits import parse_minor
@@ -436,6 +437,33 @@ def test_a_shared_mig_device_takes_one_claim_in_nvidias_slices_several_in_ours(m
             assert consumed["multiprocessors"] == m.theirs.devices[placed[driver][0] or ""].capacity["multiprocessors"]
     device = "gpu-1-mig-3g40gb-9-4"
     assert placed == {NVIDIA_DRIVER: [device, None, None], OURS: [device, device, device]}
+
+
+def test_nvidia_plugin_registers_with_a_kubelet_stand_in(control_plane: ControlPlane, tmp_path: Path) -> None:
+    """What the kubelet's plugin watcher does with it (dra_driver/plugin/grpc/kubelet.py plays it over the real
+    sockets): GetInfo on gpu.nvidia.com-reg.sock, the answer validated as the kubelet validates it, the verdict
+    reported, then the empty NodePrepareResources its own liveness probe makes. A claim's prepare needs what the
+    simulated machine lacks (docs/comparison.md): the GPUs' device nodes where nvcdi looks for them."""
+    sim = SimulatedNvml("dgx-h100", tmp_path / "machine")
+    sim.nvmlInit()
+    node = f"{NODE}-registration"
+    uid = control_plane.create_node(node)
+    try:
+        with (
+            running(control_plane, sim, node, tmp_path / "plugin") as plugin,
+            KubeletHarness(plugin.registry_dir, NVIDIA_DRIVER) as kubelet,
+        ):
+            plugin.wait_published()
+            info = kubelet.register()
+            assert info.name == NVIDIA_DRIVER and info.type == "DRAPlugin"
+            assert {"v1.DRAPlugin", "v1beta1.DRAPlugin"} <= set(info.supported_versions)
+            assert Path(info.endpoint) == plugin.plugins_dir / NVIDIA_DRIVER / "dra.sock"
+            assert len(kubelet.prepare_raw([]).claims) == 0
+            assert plugin.alive() and plugin.warnings() == []
+            owners = {o["uid"] for s in plugin.slices() for o in s["metadata"]["ownerReferences"]}
+            assert owners == {uid}
+    finally:
+        control_plane.delete_node(node)
 
 
 def test_every_known_difference_still_occurs(measured: dict[str, Measured]) -> None:
