@@ -216,9 +216,9 @@ def running(
     DRA_K8S_KEEP=1)."""
     plugin = NvidiaKubeletPlugin(
         cp, sim, node, work_dir, feature_gates=feature_gates, consumable_shares=consumable_shares
-    ).start()
+    )
     try:
-        yield plugin
+        yield plugin.start()
     finally:
         plugin.cleanup()
         plugin.delete_slices()
