@@ -168,7 +168,9 @@ t0="$(now)"
 rm -rf "$ctx/build" "$ctx"/*.egg-info
 log "wheelhouse: $(find "$ctx/wheelhouse" -name '*.whl' | wc -l) wheels in $(since "$t0")"
 wheel="$(find "$ctx/wheelhouse" -name 'dra_driver-*.whl' | head -n1)"
-if ! unzip -l "$wheel" | grep -q '_pb2_grpc\.py$'; then
+# the listing read whole first: under pipefail, grep -q quitting at its first match would fail unzip with SIGPIPE
+listing="$(unzip -l "$wheel")"
+if ! grep -q '_pb2_grpc\.py$' <<<"$listing"; then
   log "warning: $(basename "$wheel") has no generated gRPC modules (*_pb2_grpc.py); the image's import check will fail"
 fi
 
