@@ -20,6 +20,7 @@ from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as D
 from dra_driver.slices.builder import build_slices
+from tests.cluster.scheduling import schedule_claim
 
 NODE = "diff-node"
 NS = "diff"
@@ -108,28 +109,6 @@ def cluster(control_plane, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     cp.delete_node(NODE)
 
 
-def _schedule(cp: Any, c: dict[str, Any], timeout: float = 30) -> dict[str, Any] | None:
-    """Create the claim and a pod using it; the allocation the scheduler wrote, or None if it stays Pending."""
-    name = c["metadata"]["name"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-           "spec": {"nodeSelector": {"kubernetes.io/hostname": NODE},
-                    "containers": [{"name": "c", "image": "registry.invalid/x",
-                                    "resources": {"claims": [{"name": "gpus"}]}}],
-                    "resourceClaims": [{"name": "gpus", "resourceClaimName": name}]}}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [c, pod]}))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cp.kubectl_json("get", "resourceclaim", name, "-n", NS)
-        if got.get("status", {}).get("allocation"):
-            return dict(got["status"]["allocation"])
-        p = cp.kubectl_json("get", "pod", name, "-n", NS)
-        conds = {x["type"]: x for x in p.get("status", {}).get("conditions", [])}
-        if conds.get("PodScheduled", {}).get("reason") == "Unschedulable":
-            return None
-        time.sleep(0.3)
-    raise AssertionError(f"scheduler neither allocated nor rejected {name} in {timeout} s")
-
-
 def _cleanup(cp: Any) -> None:
     cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force", "--wait=true")
     cp.kubectl("delete", "resourceclaims", "--all", "-n", NS, "--wait=true", timeout=120)
@@ -149,7 +128,7 @@ def test_same_feasibility_as_the_kube_scheduler(cluster, scenario: str) -> None:
     cp, slices = cluster
     claims = SCENARIOS[scenario]
     try:
-        scheduler = [_schedule(cp, c) for c in claims]
+        scheduler = [schedule_claim(cp, c, NODE, NS) for c in claims]
         ours = simulate(slices, CLASSES, claims, node=NODE).outcomes
         for c, theirs, mine in zip(claims, scheduler, ours, strict=True):
             name = c["metadata"]["name"]
@@ -188,7 +167,7 @@ def test_simulate_explains_a_pending_claim_of_a_live_cluster(cluster) -> None:
     cp, _ = cluster
     claims = SCENARIOS["whole GPUs until the node is full"]
     try:
-        assert [_schedule(cp, c) is not None for c in claims] == [True, True, False]
+        assert [schedule_claim(cp, c, NODE, NS) is not None for c in claims] == [True, True, False]
         out = subprocess.run([sys.executable, "-m", "dra_driver", "simulate", "--kubeconfig", str(cp.kubeconfig),
                               "--node", NODE], capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.returncode == 3, out.stderr
@@ -235,7 +214,7 @@ def test_a_device_taint_rule_steers_the_scheduler_and_simulate_alike(cluster) ->
     cp.kubectl("apply", "-f", "-", input=json.dumps(rule))
     try:
         time.sleep(2)  # the scheduler's ResourceSlice tracker applies the rule from its informer
-        scheduler = [_schedule(cp, c) for c in claims]
+        scheduler = [schedule_claim(cp, c, NODE, NS) for c in claims]
         assert [s is not None for s in scheduler] == [True, False, True]
         assert _devices(scheduler[2]) == [("g", gpu0)] and gpu0 not in {d for _, d in _devices(scheduler[0])}
         offline = simulate(slices, CLASSES, claims, node=NODE, taint_rules=[rule]).outcomes

@@ -27,6 +27,7 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as D
 from dra_driver.slices.builder import NumaNodeForm, PublishMode, build_slices
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.scheduling import schedule_claim
 from tests.polling import wait_for
 from tests.test_apiserver_accepts_slices import _apply_and_compare, _create
 from tests.test_list_attributes import CLASS, STANDARD, four_gpus_on_one_numa_node
@@ -118,30 +119,6 @@ def test_the_publisher_names_the_missing_gate(control_plane: ControlPlane, tmp_p
         control_plane.delete_node(NODE)
 
 
-def _schedule(cp: ControlPlane, claim: dict[str, Any], timeout: float = 60) -> dict[str, Any] | None:
-    """Create the claim and a pod using it: the allocation the scheduler wrote, or None once the pod is
-    Unschedulable."""
-    name = claim["metadata"]["name"]
-    claim = {**claim, "metadata": {**claim["metadata"], "namespace": NS}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-           "spec": {"nodeSelector": {"kubernetes.io/hostname": NODE},
-                    "containers": [{"name": "c", "image": "registry.invalid/x",
-                                    "resources": {"claims": [{"name": "gpus"}]}}],
-                    "resourceClaims": [{"name": "gpus", "resourceClaimName": name}]}}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]}))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cp.kubectl_json("get", "resourceclaim", name, "-n", NS)
-        if got.get("status", {}).get("allocation"):
-            return dict(got["status"]["allocation"])
-        p = cp.kubectl_json("get", "pod", name, "-n", NS)
-        conditions = {c["type"]: c for c in p.get("status", {}).get("conditions", [])}
-        if conditions.get("PodScheduled", {}).get("reason") == "Unschedulable":
-            return None
-        time.sleep(0.3)
-    raise AssertionError(f"the scheduler neither allocated nor refused {name} in {timeout} s")
-
-
 def _simulate(slices: list[dict[str, Any]], claim: dict[str, Any]) -> Any:
     previous = cel_features.active()
     cel_features.configure(Features(list_type_attributes=True))  # the cluster's gates
@@ -170,7 +147,7 @@ def test_four_gpus_on_one_numa_node_land_across_a_socket_s_sub_numa_nodes_only_i
             cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": slices}))
             time.sleep(1)  # the scheduler's informer sees the slices
             claim = four_gpus_on_one_numa_node(name)
-            theirs = _schedule(cp, claim)
+            theirs = schedule_claim(cp, claim, NODE, NS, timeout=60)
             ours = _simulate(slices, claim)
             if form is NumaNodeForm.LIST:
                 assert theirs is not None, "the scheduler did not place four GPUs on the list-form slices"

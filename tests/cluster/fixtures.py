@@ -253,27 +253,25 @@ def queueing_cluster() -> Iterator[ControlPlane]:
         cp.stop()
 
 
-@pytest.fixture(scope="module")
-def list_attributes_cluster() -> Iterator[ControlPlane]:
-    """A control plane of its own with DRAListTypeAttributes on (alpha, off by default) in the API server and the
-    scheduler: list-valued device attributes, matched as sets."""
+def _own_control_plane(feature_gates: dict[str, bool]) -> Iterator[ControlPlane]:
     _require()
-    cp = ControlPlane(bin_dir=_bin_dir, feature_gates={"DRAListTypeAttributes": True})
+    cp = ControlPlane(bin_dir=_bin_dir, feature_gates=feature_gates)
     cp.start()
     try:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="module")
+def list_attributes_cluster() -> Iterator[ControlPlane]:
+    """A control plane of its own with DRAListTypeAttributes on (alpha, off by default) in the API server and the
+    scheduler: list-valued device attributes, matched as sets."""
+    yield from _own_control_plane({"DRAListTypeAttributes": True})
 
 
 @pytest.fixture(scope="module")
 def ungranular_status_cluster() -> Iterator[ControlPlane]:
     """A control plane of its own with 1.36's granular ResourceClaim status authorization off, so claim status
     writes are authorized as on Kubernetes 1.34 and 1.35: `patch` on resourceclaims/status, any field, any claim."""
-    _require()
-    cp = ControlPlane(bin_dir=_bin_dir, feature_gates={"DRAResourceClaimGranularStatusAuthorization": False})
-    cp.start()
-    try:
-        yield cp
-    finally:
-        cp.stop()
+    yield from _own_control_plane({"DRAResourceClaimGranularStatusAuthorization": False})
