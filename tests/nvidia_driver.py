@@ -24,8 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,8 @@ class NvidiaPluginError(RuntimeError):
 
 
 class NvidiaKubeletPlugin:
-    """One gpu-kubelet-plugin process for `node` on `sim`'s machine; `start()` then `stop()`, or `running(...)`."""
+    """One gpu-kubelet-plugin process for `node` on `sim`'s machine; `start()` then `stop()`, or `with` it: started
+    on the way in; stopped, its slices deleted and its work dir removed (unless DRA_K8S_KEEP=1) on the way out."""
 
     def __init__(
         self,
@@ -101,6 +101,19 @@ class NvidiaKubeletPlugin:
             gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
             args.append(f"--feature-gates={gates}")
         return args
+
+    def __enter__(self) -> NvidiaKubeletPlugin:
+        try:
+            return self.start()
+        except BaseException:
+            self.__exit__()  # the socket directory goes also when the plugin cannot start
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+        self.delete_slices()
+        if os.environ.get("DRA_K8S_KEEP") != "1":
+            shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def start(self) -> NvidiaKubeletPlugin:
         simulated_library(self.sim)  # the driver root holds the built library, not the stand-in
@@ -200,27 +213,3 @@ def _complete(items: list[dict[str, Any]]) -> bool:
 
 def _versions(items: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(s["metadata"]["name"], s["metadata"]["resourceVersion"]) for s in items]
-
-
-@contextmanager
-def running(
-    cp: ControlPlane,
-    sim: SimulatedNvml,
-    node: str,
-    work_dir: Path,
-    *,
-    feature_gates: Mapping[str, bool] | None = None,
-    consumable_shares: str = "disabled",
-) -> Iterator[NvidiaKubeletPlugin]:
-    """The plugin started for `node`; stopped, and its slices deleted, on the way out (its work dir removed unless
-    DRA_K8S_KEEP=1)."""
-    plugin = NvidiaKubeletPlugin(
-        cp, sim, node, work_dir, feature_gates=feature_gates, consumable_shares=consumable_shares
-    )
-    try:
-        yield plugin.start()
-    finally:
-        plugin.cleanup()
-        plugin.delete_slices()
-        if os.environ.get("DRA_K8S_KEEP") != "1":
-            shutil.rmtree(work_dir, ignore_errors=True)

@@ -39,7 +39,7 @@ from dra_driver.slices.builder import NumaNodeForm, PublishMode, build_slices
 from dra_driver.slices.limits import parse_minor
 from tests.cluster.controlplane import ControlPlane
 from tests.nvidia_driver import DRIVER as NVIDIA_DRIVER
-from tests.nvidia_driver import running
+from tests.nvidia_driver import NvidiaKubeletPlugin
 from tests.simhelpers import create_full_ci, create_gi
 from tests.slice_compare import Difference, Pool, differences, pool_of
 from tests.test_allocbench import build_allocbench, run_go
@@ -325,7 +325,8 @@ def _measure(cp: ControlPlane, case: Case, node_uid: str, minor: int, work: Path
     sim.nvmlInit()
     _make_mig(sim, case.mig)
     plugin_dir = work / f"{case.id}-plugin"
-    with running(cp, sim, NODE, plugin_dir, feature_gates=case.nvidia_gates, consumable_shares=case.shares) as plugin:
+    gates, shares = case.nvidia_gates, case.shares
+    with NvidiaKubeletPlugin(cp, sim, NODE, plugin_dir, feature_gates=gates, consumable_shares=shares) as plugin:
         theirs_slices = plugin.wait_published()
         warnings = plugin.warnings()
     # After NVIDIA's plugin has run: under DynamicMIG it destroys MIG devices no claim holds at start.
@@ -450,7 +451,7 @@ def test_nvidia_plugin_registers_with_a_kubelet_stand_in(control_plane: ControlP
     uid = control_plane.create_node(node)
     try:
         with (
-            running(control_plane, sim, node, tmp_path / "plugin") as plugin,
+            NvidiaKubeletPlugin(control_plane, sim, node, tmp_path / "plugin") as plugin,
             KubeletHarness(plugin.registry_dir, NVIDIA_DRIVER) as kubelet,
         ):
             plugin.wait_published()
