@@ -34,9 +34,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME, numa_node_attribute
 from dra_driver.slices.devices import PublishMode
-from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions
+from dra_driver.slices.limits import parse_minor
+from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions, primary_version
 from tests.test_allocbench import class_name, classes, fleet
 from tests.test_publisher import api_client
 
@@ -98,14 +99,15 @@ def extended_resource_pod(i: int, resource: str) -> dict[str, Any]:
                                      "resources": {"limits": {resource: "1"}}}]}}  # fmt: skip
 
 
-def claim_and_pod(i: int, cls: str, workload: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+def claim_and_pod(i: int, cls: str, workload: str, minor: int) -> tuple[dict[str, Any], dict[str, Any]]:
     name = f"p{i:05d}"
     exactly: dict[str, Any] = {"deviceClassName": class_name(cls)}
     devices: dict[str, Any] = {"requests": [{"name": "r", "exactly": exactly}]}
     if workload in (FOUR, FOUR_NUMA):
         exactly["count"] = 4
     if workload == FOUR_NUMA:
-        devices["constraints"] = [{"matchAttribute": f"{DEFAULT_DRIVER_NAME}/numaNode"}]  # 1.36: our domain's
+        numa = numa_node_attribute(minor)  # 1.37's standard name, our domain's before
+        devices["constraints"] = [{"matchAttribute": numa if "/" in numa else f"{DEFAULT_DRIVER_NAME}/{numa}"}]
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -170,7 +172,8 @@ class Metrics:
 def run_layout(
     mode: PublishMode, workload: str, nodes: int, pods: int, tmp: Path, version: str | None = None
 ) -> dict[str, Any]:
-    names, slices = fleet(nodes, tmp, mode)
+    k8s_version = version or primary_version()
+    names, slices = fleet(nodes, tmp, mode, k8s_version)  # the layout that version's users get
 
     kinds = WORKLOADS[workload]
     # a version of the matrix with the gates its users turn on for these layouts (alpha before 1.36)
@@ -186,7 +189,7 @@ def run_layout(
         if workload == EXTENDED:
             to_create = [extended_resource_pod(i, "nvidia.com/gpu") for i in range(pods)]
         else:
-            pairs = [claim_and_pod(i, kinds[i % len(kinds)], workload) for i in range(pods)]
+            pairs = [claim_and_pod(i, kinds[i % len(kinds)], workload, parse_minor(k8s_version)) for i in range(pods)]
             create_all(api, "resourceclaims", [c for c, _ in pairs], namespaced=True)
             to_create = [p for _, p in pairs]
         time.sleep(2.0)  # the scheduler's informers catch up with the slices and claims before the clock starts

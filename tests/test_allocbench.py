@@ -48,16 +48,19 @@ def classes() -> list[dict[str, Any]]:
 
 
 @cache
-def _node_slices(mode: PublishMode, tmp: str) -> str:
+def _node_slices(mode: PublishMode, tmp: str, k8s_version: str) -> str:
     sim = SimulatedNvml("dgx-h100", Path(tmp))
-    slices = build_slices(discover(sim, sim.sysfs_root), node_name="NODE-NAME", k8s_version="1.36", mode=mode)
+    slices = build_slices(discover(sim, sim.sysfs_root), node_name="NODE-NAME", k8s_version=k8s_version, mode=mode)
     return json.dumps([s.to_api() for s in slices])
 
 
-def fleet(nodes: int, tmp: Path, mode: PublishMode = PublishMode.PARTITIONABLE) -> tuple[list[str], list[Any]]:
-    """Node names and the slices of that many dgx-h100 nodes: one node's slices from our builder, renamed."""
+def fleet(
+    nodes: int, tmp: Path, mode: PublishMode = PublishMode.PARTITIONABLE, k8s_version: str = "1.36"
+) -> tuple[list[str], list[Any]]:
+    """Node names and the slices of that many dgx-h100 nodes: one node's slices from our builder for `k8s_version`'s
+    layout, renamed."""
     names = [f"node-{i:03d}" for i in range(nodes)]
-    one = _node_slices(mode, str(tmp))
+    one = _node_slices(mode, str(tmp), k8s_version)
     return names, [s for name in names for s in json.loads(one.replace("NODE-NAME", name))]
 
 
