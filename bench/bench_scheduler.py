@@ -246,8 +246,9 @@ def main() -> None:
                  (PublishMode.STATIC, "whole GPUs"), (PublishMode.GPUS, "whole GPUs")]  # fmt: skip
     pods = args.pods or nodes * per_node
     versions = [None if v == "primary" else v for v in args.k8s.split(",")]
+    made = f" (made by the scheduler for the {EXTENDED} workload)" if args.extended else ""
     print(
-        f"{nodes} nodes (dgx-h100), {pods} pods, one claim per pod (made by the scheduler for {EXTENDED}), "
+        f"{nodes} nodes (dgx-h100), {pods} pods, one claim per pod{made}, "
         "each Kubernetes version and layout in a control plane of its own"
     )
     print("| kubernetes | layout | workload | devices/node | slices/node | pods bound | seconds | pods/s "
