@@ -37,7 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME, numa_node_attribute
 from dra_driver.slices.devices import PublishMode
 from dra_driver.slices.limits import parse_minor
-from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions, primary_version
+from tests.cluster.controlplane import (
+    LAYOUT_GATES,
+    ControlPlane,
+    layout_runtime_config,
+    matrix_versions,
+    primary_version,
+)
 from tests.test_allocbench import class_name, classes, fleet
 from tests.test_publisher import api_client
 
@@ -177,7 +183,8 @@ def run_layout(
 
     kinds = WORKLOADS[workload]
     # a version of the matrix with the gates its users turn on for these layouts (alpha before 1.36)
-    with ControlPlane(version=version, feature_gates=LAYOUT_GATES if version else None) as cp:
+    with ControlPlane(version=version, feature_gates=LAYOUT_GATES if version else None,
+                      runtime_config=layout_runtime_config(version)) as cp:  # fmt: skip
         server = cp.server_version()
         api = api_client(cp.kubeconfig)
         metrics = Metrics(cp)

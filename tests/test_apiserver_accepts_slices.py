@@ -5,6 +5,7 @@ real: slices that break its rules are refused."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,9 @@ from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
 from dra_driver.slices.limits import limits_for, parse_minor
-from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, matrix_versions
+from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, layout_runtime_config, matrix_versions
+from tests.cluster.scheduling import schedule_claim
+from tests.test_allocbench import class_name, classes
 
 NODE = "slice-test-node"
 
@@ -29,7 +32,8 @@ def server(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Itera
     if request.param is None:
         yield control_plane
         return
-    with ControlPlane(version=request.param, feature_gates=LAYOUT_GATES) as cp:
+    runtime_config = layout_runtime_config(request.param)
+    with ControlPlane(version=request.param, feature_gates=LAYOUT_GATES, runtime_config=runtime_config) as cp:
         yield cp
 
 
@@ -226,3 +230,31 @@ def test_server_refuses_the_other_counter_layout(
     assert slices[0]["spec"].get("sharedCounters") and slices[0]["spec"].get("devices")
     err = _create(server, slices[0])
     assert "only one of `sharedCounters` or `devices` is allowed" in err, err
+
+
+def test_the_scheduler_of_each_minor_allocates_from_its_layout(
+    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
+) -> None:
+    """The minor's own kube-scheduler, with the gates the layouts use, allocates a whole GPU and a MIG partition on
+    demand from the partitionable slices the driver publishes for it (1.34 with DRADeviceTaints also needs
+    resource.k8s.io/v1alpha3: its scheduler waits for DeviceTaintRules, tests.cluster.controlplane)."""
+    slices = [s.to_api() for s in _slices("dgx-h100", tmp_path, node, f"1.{minor}", PublishMode.PARTITIONABLE)]
+    namespace = f"schedule-{minor}"
+    server.kubectl("apply", "-f", "-", input=_as_list([*classes(), *slices]))
+    server.kubectl("create", "namespace", namespace)
+    time.sleep(3)  # the scheduler's informers see the new classes and slices (else a first Unschedulable)
+    try:
+        for name, cls in (("whole", "gpu"), ("small", "mig-1g.10gb")):
+            request = {"name": "r", "exactly": {"deviceClassName": class_name(cls)}}
+            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                     "spec": {"devices": {"requests": [request]}}}  # fmt: skip
+            allocation = schedule_claim(server, claim, node[0], namespace, timeout=60)
+            assert allocation, f"{cls} on 1.{minor}"
+            (result,) = allocation["devices"]["results"]
+            assert result["device"].startswith("gpu-") and ("-mig-" in result["device"]) == (cls != "gpu"), result
+    finally:
+        # no kubelet confirms a bound pod's end: force it, or the namespace waits for it
+        server.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=true")
+        server.kubectl("delete", "namespace", namespace, "--wait=true", timeout=120)
+        server.kubectl("delete", "--ignore-not-found", "-f", "-", input=_as_list(classes()))
+        _delete_slices(server, node[0])

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from dra_driver.slices.limits import parse_minor
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
 PINS_DIR = REPO_ROOT / "tools" / "k8sbins" / "versions"  # the matrix's versions, one go.mod each
@@ -40,6 +42,15 @@ LAYOUT_GATES: dict[str, bool] = {
     "DRAConsumableCapacity": True,
     "DRADeviceTaints": True,
 }
+
+
+def layout_runtime_config(version: str | None) -> dict[str, bool]:
+    """The APIs a version of the matrix serves beside LAYOUT_GATES: on 1.34, DRADeviceTaints also covers
+    DeviceTaintRules (1.35 split them off into DRADeviceTaintRules), and the scheduler waits for them, which only
+    resource.k8s.io/v1alpha3 serves there, off by default: without it nothing is ever scheduled."""
+    return {"resource.k8s.io/v1alpha3": True} if version and parse_minor(version) == 34 else {}
+
+
 # The primary version's cluster (1.37): DRAPartitionableDevices and DRAConsumableCapacity are beta and on by default,
 # DRADeviceTaints and DRADeviceTaintRules GA; set them explicitly so the cluster does not silently change if the pin
 # moves. resource.k8s.io/v1beta2 stays served for the tests that read what 1.36 clients write. A version of the
