@@ -171,7 +171,7 @@ def _at_the_limit(slices: list[dict[str, Any]], minor: int, beyond: bool) -> tup
     GPU's whole-GPU device is repeated under new names until one more would pass it."""
     limits = limits_for(minor)
     if limits.max_device_counters_per_slice is None:
-        n = limits.max_devices_with_counters_or_taints
+        n = limits.max_devices_with_advanced_features
         devices = [d for s in slices for d in s["spec"].get("devices", []) if d.get("consumesCounters")]
         assert len(devices) > n
         one = slices[1]
