@@ -104,6 +104,7 @@ def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_
             ("NotFound", "failed to load task: no running task found: not found"),
             ("Unknown", 'failed to create exec \\"aa73cb8f\\": cannot exec in a stopped state'),
             ("Unknown", "container is in CONTAINER_EXITED state"),  # a rolling update's old pod, once exited
+            ("Unknown", 'failed to create exec \\"6a54b319\\": ttrpc: closed'),  # its shim going as it is killed
         ):
             f.write(
                 'E1204 00:00:02.5 1 remote_runtime.go:724] "ExecSync cmd from runtime service failed" err="rpc '
