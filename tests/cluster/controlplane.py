@@ -141,6 +141,10 @@ def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+_START_ATTEMPTS = 3
+_PORT_TAKEN = "address already in use"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -352,11 +356,16 @@ class ControlPlane:
             raise ControlPlaneError("already started")
         bin_dir = self.bin_dir
         began = time.monotonic()
-        try:
-            self._start(bin_dir)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                self._start(bin_dir)
+                break
+            except BaseException as e:
+                self.stop()
+                # free_port's port can be taken by another process before the component binds it (CI: etcd's, by
+                # the other pytest worker's components): start again on new ports
+                if not (isinstance(e, ControlPlaneError) and _PORT_TAKEN in str(e)) or attempt == _START_ATTEMPTS:
+                    raise
         self.startup_seconds = time.monotonic() - began
         return self
 
