@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from dra_driver.allocation.pools import PoolDevice
+from dra_driver.api.slice import LIST_KINDS
 
 _SCALARS = ("string", "int", "bool", "version")
-_LISTS = ("ints", "bools", "strings", "versions")
 
 
 class _List:
@@ -29,7 +29,7 @@ def _value(attr: dict[str, Any] | None) -> tuple[str, Any] | None:
     for kind in _SCALARS:
         if kind in attr:
             return (kind, attr[kind])
-    for kind in _LISTS:
+    for kind in LIST_KINDS:
         if kind in attr:
             return ("list", _List())
     return None
@@ -42,7 +42,7 @@ def _as_set(attr: dict[str, Any] | None) -> Values | None:
     """attributeAsSet: a non-empty list's items, else the scalar as a set of one; the kind keeps 1 and true apart."""
     if not attr:
         return None
-    for kind in _LISTS:
+    for kind in LIST_KINDS:
         if attr.get(kind):
             return (kind[:-1], frozenset(attr[kind]))
     for kind in _SCALARS:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -21,6 +21,10 @@ class _Written(ApiModel):
     def to_api_json(self) -> bytes:
         """`to_api` as compact JSON (json.loads of it equals `to_api()`), encoded by pydantic-core."""
         return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+# DeviceAttribute's list fields as the API spells them (DRAListTypeAttributes)
+LIST_KINDS: Final = ("ints", "bools", "strings", "versions")
 
 
 class DeviceAttribute(_Written):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dra_driver.api import GROUP, VERSION
-from dra_driver.api.slice import ResourceSlice
+from dra_driver.api.slice import LIST_KINDS, ResourceSlice
 from dra_driver.controller.metrics import PublisherMetrics
 from dra_driver.kube.rest import ApiError, Watch, as_rest, path_of
 from dra_driver.slices.limits import LIST_ATTRIBUTES_GATE
@@ -47,7 +47,6 @@ class PublisherStats:
 
 _RACES = frozenset({404, 409})  # Not Found, Conflict: the pool changed under a write
 _INVALID = 422
-_LIST_KINDS = ("ints", "bools", "strings", "versions")
 
 
 class ListAttributesRejected(ValueError):
@@ -70,7 +69,7 @@ def _list_attributes(obj: dict[str, Any]) -> list[str]:
             name
             for d in obj.get("spec", {}).get("devices") or []
             for name, value in (d.get("attributes") or {}).items()
-            if any(k in value for k in _LIST_KINDS)
+            if any(k in value for k in LIST_KINDS)
         }
     )
 
