@@ -134,6 +134,11 @@ class SharedNode:
         )
         if ready.stdout.strip() != "True" or pods.returncode != 0 or pods.stdout.strip():
             return False
+        # A device plugin registered a resource (nvidia.com/gpu): the kubelet keeps it in the Node's capacity after the
+        # plugin left, and the scheduler would serve nvidia.com/gpu there from it, never through this driver's class.
+        capacity = node.cp.kubectl("get", "node", node.name, "-o", "jsonpath={.status.capacity}", check=False)
+        if capacity.returncode != 0 or "nvidia.com/" in capacity.stdout:
+            return False
         return reset_for_next_module(node)
 
     def stop(self) -> None:
@@ -188,7 +193,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             node.add(item.module)
         if "no_shared_node" in names:
             own.add(item.module)
-    items.sort(key=lambda item: 0 if item.module in own else 1 if item.module in node else 2)  # stable
+    # A module that leaves the node unfit for others (LEAVES_NODE_UNFIT: a device plugin's resources stay in the Node's
+    # capacity) comes last of the node's, so the shared node stops after it instead of starting again.
+    unfit = {m for m in node if getattr(m, "LEAVES_NODE_UNFIT", False)}
+    items.sort(key=lambda i: 0 if i.module in own else 2 if i.module in unfit else 1 if i.module in node else 3)
 
 
 @pytest.hookimpl(optionalhook=True)
