@@ -4,6 +4,7 @@ real: slices that break its rules are refused."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 
 from dra_driver.api.slice import DeviceTaint, ResourceSlice
 from dra_driver.health.monitor import INFORMATIONAL_EFFECT_MINOR, publishable
+from dra_driver.kube.rest import ApiError, KubeRest, connect
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
@@ -62,13 +64,27 @@ def _as_list(slices: list[dict[str, Any]]) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
 
 
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def _rest(cp: ControlPlane) -> KubeRest:
+    """An HTTP client of `cp`: the hundreds of creates, lists and deletes below, each a kubectl process otherwise,
+    cost a third of the module's time that way."""
+    return _client(cp.kubeconfig)
+
+
+@functools.cache
+def _client(kubeconfig: Path) -> KubeRest:
+    return connect(kubeconfig)
+
+
 def _server_slices(cp: ControlPlane, node_name: str) -> dict[str, Any]:
-    listed = cp.kubectl_json("get", "resourceslices", f"--field-selector=spec.nodeName={node_name}")
+    listed = _rest(cp).get(SLICES, fieldSelector=f"spec.nodeName={node_name}")
     return {s["metadata"]["name"]: s for s in listed["items"]}
 
 
 def _delete_slices(cp: ControlPlane, node_name: str) -> None:
-    cp.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node_name}", "--wait=true")
+    _rest(cp).request("DELETE", SLICES, query={"fieldSelector": f"spec.nodeName={node_name}"})
 
 
 def _differences(ours: Any, theirs: Any, path: str = "spec") -> list[str]:
@@ -88,12 +104,17 @@ def _differences(ours: Any, theirs: Any, path: str = "spec") -> list[str]:
     return [] if ours == theirs else [f"{path}: sent {ours!r}, server has {theirs!r}"]
 
 
-def _apply_and_compare(cp: ControlPlane, slices: list[dict[str, Any]], node: tuple[str, str], what: str) -> None:
-    """Create the pool, check the server kept every field as sent, then delete it."""
+def _apply_and_compare(
+    cp: ControlPlane, slices: list[dict[str, Any]], node: tuple[str, str], what: str, *, table: bool = False
+) -> None:
+    """Create the pool, check the server kept every field as sent (`table`: and kubectl lists it), then delete it."""
     node_name = node[0]
     try:
-        proc = cp.kubectl("create", "-f", "-", input=_as_list(slices), check=False)
-        assert proc.returncode == 0, f"the server rejected {what}:\n{proc.stderr}"
+        for ours in slices:
+            try:
+                _rest(cp).request("POST", f"/apis/{ours['apiVersion']}/resourceslices", body=ours)
+            except ApiError as e:
+                pytest.fail(f"the server rejected {what}: {e}")
         on_server = _server_slices(cp, node_name)
         assert sorted(on_server) == sorted(s["metadata"]["name"] for s in slices)
         for ours in slices:
@@ -104,8 +125,9 @@ def _apply_and_compare(cp: ControlPlane, slices: list[dict[str, Any]], node: tup
                     assert taint.pop("timeAdded")  # the server stamps taints that come without one
             assert _differences(ours["spec"], theirs["spec"]) == [], f"{what}: {ours['metadata']['name']}"
             assert theirs["metadata"]["ownerReferences"][0]["uid"] == node[1]
-        table = cp.kubectl("get", "resourceslices", f"--field-selector=spec.nodeName={node_name}")
-        assert len(table.stdout.strip().splitlines()) == len(slices) + 1  # header + one row per slice
+        if table:  # what a user sees of them
+            listed = cp.kubectl("get", "resourceslices", f"--field-selector=spec.nodeName={node_name}")
+            assert len(listed.stdout.strip().splitlines()) == len(slices) + 1  # header + one row per slice
     finally:
         _delete_slices(cp, node_name)
     assert _server_slices(cp, node_name) == {}
@@ -149,7 +171,7 @@ def test_server_keeps_device_taints(
         (tainted,) = [s.to_api() for s in slices if any(d.taints for d in s.spec.devices or [])]
         assert 'taints[0].effect: Unsupported value: "None"' in _create(server, tainted)
         return
-    _apply_and_compare(server, [s.to_api() for s in slices], node, f"a {effect} taint")
+    _apply_and_compare(server, [s.to_api() for s in slices], node, f"a {effect} taint", table=True)
 
 
 def _partitionable_h200(tmp_path: Path, node: tuple[str, str], version: str) -> list[dict[str, Any]]:
