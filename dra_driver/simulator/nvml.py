@@ -102,7 +102,22 @@ def _decode(handle: Any) -> tuple[int, int, int, int]:
         _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     if not addr:
         _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    return addr >> 40, (addr >> 24) & 0xFFFF, (addr >> 12) & 0xFFF, addr & 0xFFF
+    return handle_ids(addr)
+
+
+def handle_ids(address: int) -> tuple[int, int, int, int]:
+    """(kind, GPU index, GPU-instance id, compute-instance id) a handle's address encodes (`KIND_*`; zeros where the
+    kind has none): for code that checks handles without calling the simulator (the library server's container
+    view)."""
+    return address >> 40, (address >> 24) & 0xFFFF, (address >> 12) & 0xFFF, address & 0xFFF
+
+
+KIND_DEVICE, KIND_GPU_INSTANCE, KIND_COMPUTE_INSTANCE, KIND_MIG_DEVICE = (
+    _KIND_DEVICE,
+    _KIND_GPU_INSTANCE,
+    _KIND_COMPUTE_INSTANCE,
+    _KIND_MIG_DEVICE,
+)
 
 
 def _pointer(pointer_type: Any, address: int) -> Any:
@@ -449,6 +464,21 @@ class SimulatedNvml:
             gpu.processes = []
         if was != pynvml.NVML_GPU_RECOVERY_ACTION_NONE and self.recovery_supported:
             self.events.append(index, pynvml.nvmlEventTypeGpuRecoveryAction, 0, GPU_LEVEL, GPU_LEVEL)
+
+    # ----- the simulated nvidia-persistenced (a container's way to the machine) ---------------------------
+    def start_persistenced(self) -> None:
+        """Start the machine's simulated nvidia-persistenced, as a node starts it at boot: the simulated
+        libnvidia-ml in a container whose CDI spec came from this machine's driver root reaches the machine through
+        its socket (dra_driver.simulator.libnvml.persistenced). It runs until the state directory is gone or
+        `stop_persistenced`."""
+        from dra_driver.simulator.libnvml import persistenced
+
+        persistenced.start(self.state_dir)
+
+    def stop_persistenced(self) -> None:
+        from dra_driver.simulator.libnvml import persistenced
+
+        persistenced.stop(self.state_dir)
 
     # ----- the NVLink fabric (NVL72 racks) ---------------------------------------------------------------
     def place_in_fabric(self, cluster_uuid: str, clique_id: int) -> None:
