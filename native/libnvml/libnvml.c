@@ -53,6 +53,7 @@
 #define LOG_NAME "libnvml-server.log"
 #define STATE_ENV "DRA_DRIVER_LIBNVML_STATE"
 #define DEBUG_ENV "DRA_DRIVER_LIBNVML_DEBUG"
+#define STUB_LOG_ENV "DRA_DRIVER_LIBNVML_STUB_LOG" /* a file: every call of an unmodelled function, a line */
 #define PERSISTENCED_SOCKET "/run/nvidia-persistenced/socket" /* where a CDI spec mounts the driver root's socket */
 #define VIEW_FUNCTION "simnvmlContainerView" /* a connection's first request in a container: not an NVML function */
 #define VIEW_TIMEOUT_S 130       /* the relay may have to start the server (READY_TIMEOUT_MS) before it answers */
@@ -737,10 +738,22 @@ nvmlReturn_t simnvml_forward(const char *name, const char *fmt, ...)
     return rc;
 }
 
-nvmlReturn_t simnvml_unsupported(void)
+nvmlReturn_t simnvml_unsupported(const char *name)
 {
     if (__atomic_load_n(&g_refcount, __ATOMIC_ACQUIRE) == 0)
         return NVML_ERROR_UNINITIALIZED;
+    debugf("%s: not modelled (NVML_ERROR_NOT_SUPPORTED)", name);
+    const char *log = getenv(STUB_LOG_ENV);
+    if (log != NULL && *log != '\0') {
+        char line[160];
+        int n = snprintf(line, sizeof line, "%s\n", name);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            if (n > 0 && write(fd, line, (size_t)n) < 0)
+                debugf("cannot write %s: %s", log, strerror(errno));
+            close(fd);
+        }
+    }
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
