@@ -1063,6 +1063,107 @@ class SimulatedNvml:
 
     # ===== end of telemetry ===========================================================================
 
+    # ===== the board: modes, identity, PCIe link, power limits, clocks, topology ========================
+    # What a data-center GPU answers that the simulator keeps no state for: fixed by the product's data
+    # (catalog.BoardSpec) and the machine's layout. Persistence mode on (nvidia-persistenced runs on such nodes),
+    # no display, ECC on; a simulated GPU runs at its maximum clocks on a link trained at its maximum. MIG device
+    # handles support none of these, as the telemetry above.
+    def _board(self, handle: Any) -> tuple[int, ProductSpec]:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            self._ci(handle)
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        index, _, prod = self._gpu(handle)
+        return index, prod
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        self._board(handle)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetDisplayMode(self, handle: Any) -> int:
+        self._board(handle)
+        return int(pynvml.NVML_FEATURE_DISABLED)
+
+    nvmlDeviceGetDisplayActive = nvmlDeviceGetDisplayMode
+
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
+        """[current, pending]."""
+        self._board(handle)
+        return [int(pynvml.NVML_FEATURE_ENABLED), int(pynvml.NVML_FEATURE_ENABLED)]
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:
+        """A 13-digit board serial number, fixed per GPU of the machine (as nvidia-smi -q prints it)."""
+        index, _ = self._board(handle)
+        return str(1650000000000 + uuid.UUID(self.gpu_uuids[index][4:]).int % 10**10)
+
+    def nvmlDeviceGetBoardId(self, handle: Any) -> int:
+        """The PCI bus and device-function of the GPU (nvidia-smi -q's "Board ID: 0x1b00" for 00000000:1B:00.0)."""
+        index, _ = self._board(handle)
+        parsed = _parse_bus_id(self.spec.gpus[index].pci_bus_id)
+        assert parsed is not None
+        _, bus, device, function = parsed
+        return (bus << 8) | (device << 3) | function
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        return self._board(handle)[1].board.pcie_generation
+
+    nvmlDeviceGetGpuMaxPcieLinkGeneration = nvmlDeviceGetMaxPcieLinkGeneration
+    nvmlDeviceGetCurrPcieLinkGeneration = nvmlDeviceGetMaxPcieLinkGeneration
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        return self._board(handle)[1].board.pcie_width
+
+    nvmlDeviceGetCurrPcieLinkWidth = nvmlDeviceGetMaxPcieLinkWidth
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        """Milliwatts, as every power limit."""
+        return self._board(handle)[1].board.power_limit_w * 1000
+
+    nvmlDeviceGetPowerManagementDefaultLimit = nvmlDeviceGetPowerManagementLimit
+    nvmlDeviceGetEnforcedPowerLimit = nvmlDeviceGetPowerManagementLimit
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
+        """[min, max] milliwatts."""
+        board = self._board(handle)[1].board
+        return [board.min_power_limit_w * 1000, board.max_power_limit_w * 1000]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        """MHz of NVML_CLOCK_GRAPHICS, _SM, _MEM or _VIDEO."""
+        board = self._board(handle)[1].board
+        clocks = {
+            pynvml.NVML_CLOCK_GRAPHICS: board.graphics_clock_mhz,
+            pynvml.NVML_CLOCK_SM: board.sm_clock_mhz,
+            pynvml.NVML_CLOCK_MEM: board.memory_clock_mhz,
+            pynvml.NVML_CLOCK_VIDEO: board.video_clock_mhz,
+        }
+        if clock_type not in clocks:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return clocks[clock_type]
+
+    nvmlDeviceGetClockInfo = nvmlDeviceGetMaxClockInfo
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        """NOT_SUPPORTED: nvml.h's NUMA node of a GPU that is a NUMA node itself (coherent GPU memory), which no
+        simulated machine models; the NUMA node near a GPU is its PCI function's sysfs numa_node."""
+        self._board(handle)
+        _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+        """The closest PCIe ancestor of two GPUs from the machine's layout: the GPU itself, the switch of a shared
+        PCIe root (the data pairs GPUs behind one switch there: PXB), their NUMA node's host bridges, or the system
+        (across sockets)."""
+        first, _ = self._board(device1)
+        second, _ = self._board(device2)
+        a, b = self.spec.gpus[first], self.spec.gpus[second]
+        if first == second:
+            return int(pynvml.NVML_TOPOLOGY_INTERNAL)
+        if a.pcie_root == b.pcie_root:
+            return int(pynvml.NVML_TOPOLOGY_MULTIPLE)
+        if a.numa_node == b.numa_node:
+            return int(pynvml.NVML_TOPOLOGY_NODE)
+        return int(pynvml.NVML_TOPOLOGY_SYSTEM)
+
+    # ===== end of the board ===========================================================================
+
     # ===== compute mode (sharing) =====================================================================
     # Kept with the simulated driver tools' time slices and MPS daemons (dra_driver.simulator.tools.state), so
     # that `nvidia-smi -c`, NVML and every process see one value. A MIG device runs under its GPU's mode and

@@ -413,3 +413,80 @@ def _power(sim: SimulatedNvml, device: int, out: Out) -> None:
 @forward("h i i o8", "nvmlDeviceGetTotalEccErrors")
 def _ecc(sim: SimulatedNvml, device: int, error_type: int, counter_type: int, out: Out) -> None:
     out.set(sim.nvmlDeviceGetTotalEccErrors(_dev(device), error_type, counter_type))
+
+
+# ----- the board: modes, identity, PCIe link, power limits, clocks, topology, fabric ---------------------------------
+def _scalar(method: str) -> Handler:
+    def handler(sim: SimulatedNvml, device: int, out: Out) -> None:
+        out.set(getattr(sim, method)(_dev(device)))
+
+    return handler
+
+
+_SCALARS = (
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetDisplayMode",
+    "nvmlDeviceGetDisplayActive",
+    "nvmlDeviceGetBoardId",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetEnforcedPowerLimit",
+)
+for _method in _SCALARS:
+    forward("h o4", _method)(_scalar(_method))
+
+
+@forward("h o4 o4", "nvmlDeviceGetEccMode")
+def _ecc_mode(sim: SimulatedNvml, device: int, current: Out, pending: Out) -> None:
+    modes = sim.nvmlDeviceGetEccMode(_dev(device))
+    current.set(modes[0])
+    pending.set(modes[1])
+
+
+@forward("h S", "nvmlDeviceGetSerial")
+def _serial(sim: SimulatedNvml, device: int, out: StrOut) -> None:
+    out.set(sim.nvmlDeviceGetSerial(_dev(device)))
+
+
+@forward("h o4 o4", "nvmlDeviceGetPowerManagementLimitConstraints")
+def _power_constraints(sim: SimulatedNvml, device: int, low: Out, high: Out) -> None:
+    limits = sim.nvmlDeviceGetPowerManagementLimitConstraints(_dev(device))
+    low.set(limits[0])
+    high.set(limits[1])
+
+
+@forward("h i o4", "nvmlDeviceGetMaxClockInfo")
+def _max_clock(sim: SimulatedNvml, device: int, clock_type: int, out: Out) -> None:
+    out.set(sim.nvmlDeviceGetMaxClockInfo(_dev(device), clock_type))
+
+
+@forward("h i o4", "nvmlDeviceGetClockInfo")
+def _clock(sim: SimulatedNvml, device: int, clock_type: int, out: Out) -> None:
+    out.set(sim.nvmlDeviceGetClockInfo(_dev(device), clock_type))
+
+
+@forward("h h o4", "nvmlDeviceGetTopologyCommonAncestor")
+def _common_ancestor(sim: SimulatedNvml, first: int, second: int, out: Out) -> None:
+    out.set(sim.nvmlDeviceGetTopologyCommonAncestor(_dev(first), _dev(second)))
+
+
+@forward("h o28", "nvmlDeviceGetGpuFabricInfo")
+def _fabric(sim: SimulatedNvml, device: int, out: Out) -> None:
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    sim.nvmlDeviceGetGpuFabricInfo(_dev(device), ctypes.byref(info))
+    out.set(info)
+
+
+@forward("h v", "nvmlDeviceGetGpuFabricInfoV")
+def _fabric_v(sim: SimulatedNvml, device: int, out: VersionedOut) -> None:
+    if out.version != pynvml.nvmlGpuFabricInfo_v2:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    info = pynvml.c_nvmlGpuFabricInfoV_t()
+    info.version = out.version
+    sim.nvmlDeviceGetGpuFabricInfoV(_dev(device), ctypes.byref(info))
+    out.set(info)
