@@ -114,6 +114,22 @@ def test_unmodelled_functions_answer_not_supported(tmp_path: Path) -> None:
         assert lib.nvmlShutdown() == SUCCESS
 
 
+def test_the_stub_log_names_every_unmodelled_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = SimulatedNvml("dgx-h100", tmp_path / "m")
+    lib = ctypes.CDLL(str(simulated_library(sim)))
+    log = tmp_path / "stubs.log"
+    monkeypatch.setenv("DRA_DRIVER_LIBNVML_STUB_LOG", str(log))
+    assert lib.nvmlDeviceGetFanSpeed() == UNINITIALIZED  # before nvmlInit: not a call NVML would answer
+    assert lib.nvmlInit_v2() == SUCCESS
+    try:
+        assert lib.nvmlDeviceGetFanSpeed() == NOT_SUPPORTED and lib.nvmlDeviceGetVbiosVersion() == NOT_SUPPORTED
+        count = _uint()
+        assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == SUCCESS  # modelled: not noted
+    finally:
+        assert lib.nvmlShutdown() == SUCCESS
+    assert log.read_text() == "nvmlDeviceGetFanSpeed\nnvmlDeviceGetVbiosVersion\n"
+
+
 # ----- C conventions ---------------------------------------------------------------------------------------------
 ERROR_STRINGS = {
     0: "Success",
