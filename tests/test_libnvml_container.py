@@ -27,7 +27,7 @@ from dra_driver.cdi.spec import CdiSpec, claim_spec
 from dra_driver.simulator.driverroot import multiarch
 from dra_driver.simulator.libnvml import persistenced
 from dra_driver.simulator.nvml import SimulatedNvml
-from tests.libnvml_support import simulated_library
+from tests.libnvml_support import gonvmlprobe_binary, simulated_library
 from tests.simhelpers import create_full_ci, create_gi
 
 DRIVER = "gpu.example.com"
@@ -124,7 +124,9 @@ PROBE = textwrap.dedent(
 )
 
 
-def _container_script(root: Path, sync: Path, spec: CdiSpec, probes: int, ask: dict[str, Any], go: str) -> str:
+def _container_script(
+    root: Path, sync: Path, spec: CdiSpec, probes: int, ask: dict[str, Any], go: str, go_nvml: Path | None = None
+) -> str:
     """What a runtime does with `spec` (no hooks: ours has none without a hook path), in a private mount namespace:
     a root of its own (the host's /usr under a writable overlay, as an image's), the spec's mounts and device nodes,
     then `probes` processes of the probe at once, chrooted there with the spec's environment and nothing else."""
@@ -172,6 +174,12 @@ def _container_script(root: Path, sync: Path, spec: CdiSpec, probes: int, ask: d
             f'chroot "$R" /usr/bin/env -i {env} {python} -I -c {q(PROBE)} {CONTAINER_LIBRARY} {ask_json} '
             f'/sync/out.{i} {q(go)} 2>"$R/sync/err.{i}" & pids="$pids $!"'
         )
+    if go_nvml is not None:  # NVIDIA's go-nvml (tools/gonvmlprobe) in the container too, requests from sync/go.in
+        lines += [
+            f': > "$R/gonvmlprobe" && mount --bind {q(str(go_nvml))} "$R/gonvmlprobe"',
+            f'chroot "$R" /usr/bin/env -i {env} /gonvmlprobe {CONTAINER_LIBRARY} <"$R/sync/go.in" >"$R/sync/go.out" '
+            '2>"$R/sync/go.err" & pids="$pids $!"',
+        ]
     lines += ["status=0", 'for p in $pids; do wait "$p" || status=1; done', 'exit "$status"']
     return "\n".join(lines)
 
@@ -179,12 +187,23 @@ def _container_script(root: Path, sync: Path, spec: CdiSpec, probes: int, ask: d
 class Container:
     """A claim's container, played by `unshare -m`: started, then `result()` waits for its probes."""
 
-    def __init__(self, tmp: Path, spec: CdiSpec, ask: dict[str, Any], probes: int, wait_for_go: bool) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        spec: CdiSpec,
+        ask: dict[str, Any],
+        probes: int,
+        wait_for_go: bool,
+        go_nvml: tuple[Path, list[dict[str, Any]]] | None = None,
+    ) -> None:
         self.sync = tmp / "sync"
         self.sync.mkdir(parents=True)
         self.probes = probes
         go = "/sync/go" if wait_for_go else "-"
-        script = _container_script(tmp / "root", self.sync, spec, probes, ask, go)
+        if go_nvml is not None:
+            (self.sync / "go.in").write_text("".join(json.dumps(r) + "\n" for r in go_nvml[1]))
+        binary = go_nvml[0] if go_nvml is not None else None
+        script = _container_script(tmp / "root", self.sync, spec, probes, ask, go, binary)
         self.proc = subprocess.Popen(
             ["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -210,6 +229,9 @@ class Container:
                 self.proc.kill()
         assert self.proc.returncode == 0, self._failure()
         return [json.loads((self.sync / f"out.{i}").read_text()) for i in range(self.probes)]
+
+    def go_nvml_answers(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (self.sync / "go.out").read_text().splitlines()]
 
     def _failure(self) -> str:
         errs = "\n".join(p.read_text() for p in sorted(self.sync.glob("err.*")))
@@ -338,3 +360,33 @@ def test_a_container_started_before_the_machines_persistenced_finds_no_driver(tm
     spec = _spec(sim, gpu_nodes(sim.proc_root, sim.minors[0]), sim.gpu_uuids[0])
     ctr = Container(tmp_path / "ctr", spec, _ask(sim), probes=1, wait_for_go=False)
     assert ctr.result() == [{"init": DRIVER_NOT_LOADED}]
+
+
+def test_go_nvml_in_a_container_sees_only_its_gpu(machine: SimulatedNvml, tmp_path: Path) -> None:
+    """NVIDIA's Go bindings (what NVIDIA's tools use), in the same container as Python processes."""
+    sim = machine
+    chosen = 3
+    spec = _spec(sim, gpu_nodes(sim.proc_root, sim.minors[chosen]), sim.gpu_uuids[chosen])
+    requests = [
+        {"fn": "nvmlInit", "args": [], "save": ""},
+        {"fn": "nvmlDeviceGetCount", "args": [], "save": ""},
+        {"fn": "nvmlDeviceGetHandleByIndex", "args": [0], "save": "d"},
+        {"fn": "nvmlDeviceGetUUID", "args": [{"var": "d"}], "save": ""},
+        {"fn": "nvmlDeviceGetMinorNumber", "args": [{"var": "d"}], "save": ""},
+        {"fn": "nvmlDeviceGetHandleByIndex", "args": [1], "save": ""},
+        {"fn": "nvmlDeviceGetHandleByUUID", "args": [sim.gpu_uuids[0]], "save": ""},
+        {"fn": "nvmlShutdown", "args": [], "save": ""},
+    ]
+    ctr = Container(tmp_path / "ctr", spec, _ask(sim), 2, False, go_nvml=(gonvmlprobe_binary(), requests))
+    seen = ctr.result()
+    assert [r["first"]["count"] for r in seen] == [1, 1]
+    answers = [(a["rc"], a["value"] if a["rc"] == 0 else None) for a in ctr.go_nvml_answers()]
+    assert answers[1:7] == [
+        (0, 1),
+        (0, answers[2][1]),
+        (0, sim.gpu_uuids[chosen]),
+        (0, sim.minors[chosen]),
+        (INVALID_ARGUMENT, None),
+        (NOT_FOUND, None),
+    ]
+    assert answers[0][0] == 0 and answers[7][0] == 0

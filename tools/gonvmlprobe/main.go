@@ -393,6 +393,12 @@ func value(v any) any {
 		return 0
 	case string:
 		return t
+	case map[string]any:
+		out := map[string]any{}
+		for k, x := range t {
+			out[k] = value(x)
+		}
+		return out
 	}
 	rv := reflect.ValueOf(v)
 	switch rv.Kind() {
