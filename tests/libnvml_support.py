@@ -104,6 +104,7 @@ class OutOfBand:
 
 
 Step = Call | OutOfBand
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE of an unsigned long long
 NO_SAVED_VALUE = -2  # a call whose argument an earlier, failed, call should have saved
 
 
@@ -127,6 +128,9 @@ def normalize(value: Any) -> Any:
         return [normalize(v) for v in value]
     if isinstance(value, dict):
         return {k: normalize(v) for k, v in value.items()}
+    if isinstance(value, pynvml.nvmlFriendlyObject):  # pynvml's process info: None is NVML_VALUE_NOT_AVAILABLE
+        fields = vars(value)
+        return {k: (NOT_AVAILABLE if v is None and k == "usedGpuMemory" else normalize(v)) for k, v in fields.items()}
     raise TypeError(f"cannot normalize {type(value).__name__}")
 
 

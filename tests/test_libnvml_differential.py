@@ -9,12 +9,13 @@ calls runs in lockstep three times, each on its own copy of the machine:
 and every call must return the same code and the same value: system and device queries, MIG mode, every GPU- and
 compute-instance profile in each struct version, placements, instance creation and destruction at every placement,
 MIG device handles and their attributes, events, telemetry, the board (persistence, display and ECC modes, serial,
-board id, PCIe link, power limits, clocks, topology, the NVLink fabric), and the errors (invalid profile or placement,
-insufficient resources, not found, in use, stale handles, MIG disabled, a lost GPU).
+board id, PCIe link, power limits, clocks, topology, the NVLink fabric), running processes, and the errors (invalid
+profile or placement, insufficient resources, not found, in use, stale handles, MIG disabled, a lost GPU).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pynvml
@@ -60,6 +61,12 @@ BOARD_QUERIES = (
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetPowerManagementLimitConstraints",
 )
+PROCESS_QUERIES = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+)
 CLOCK_QUERIES = ("nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetClockInfo")
 CLOCKS = (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM, pynvml.NVML_CLOCK_VIDEO)
 FABRIC = ("6f1c6d3e-0000-4d39-9a4c-000000000072", 3)  # a rack's cluster UUID and clique, the same on each copy
@@ -94,6 +101,7 @@ def _device_queries(d: Var) -> list[Step]:
             "nvmlDeviceGetGpuFabricInfo",  # NOT_SUPPORTED off an NVLink fabric
             "nvmlDeviceGetGpuFabricInfoV",
             "nvmlDeviceGetNumaNodeId",  # NOT_SUPPORTED: a GPU is no NUMA node of its own on these machines
+            *PROCESS_QUERIES,
         )
     ] + [
         *(Call(fn, (d, clock)) for fn in CLOCK_QUERIES for clock in (*CLOCKS, 9)),
@@ -141,6 +149,7 @@ def _mig_device(d: Var, mig: Var, tag: str) -> list[Step]:
             "nvmlDeviceGetMigMode",
             *BOARD_QUERIES,  # NOT_SUPPORTED on MIG devices
             "nvmlDeviceGetGpuFabricInfo",
+            "nvmlDeviceGetComputeRunningProcesses",  # none recorded per MIG device
         )
     ]
     steps += [Call("nvmlDeviceGetMaxClockInfo", (mig, pynvml.NVML_CLOCK_SM))]
@@ -327,6 +336,7 @@ def _events(i: int) -> list[Step]:
 def machine_script(spec: MachineSpec) -> list[Step]:
     n = len(spec.gpus)
     steps: list[Step] = [OutOfBand("place_in_fabric", FABRIC)] if spec.nvlink_fabric else []
+    steps.append(OutOfBand("attach_process", (0, os.getpid())))  # this process holds GPU 0 on each copy
     steps += [
         Call("nvmlInit"),
         Call("nvmlSystemGetDriverVersion"),

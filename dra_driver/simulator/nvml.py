@@ -527,6 +527,36 @@ class SimulatedNvml:
         gpu = self.store.read().gpus[index]
         return [p.pid for p in gpu.processes if process_start_time(p.pid) == p.start_time]
 
+    def _processes(self, handle: Any) -> list[int]:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            self._ci(handle)
+            return []  # processes are recorded per GPU (attach_process), none per MIG device
+        return self.busy(self._gpu(handle)[0])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        """pynvml's objects for the live processes holding the GPU (`attach_process`): pid, no memory figure (None,
+        NVML_VALUE_NOT_AVAILABLE in C), no GPU or compute instance (0xFFFFFFFF, a whole GPU)."""
+        return [
+            pynvml.nvmlFriendlyObject(
+                {"pid": pid, "usedGpuMemory": None, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
+            )
+            for pid in self._processes(handle)
+        ]
+
+    nvmlDeviceGetComputeRunningProcesses_v2 = nvmlDeviceGetComputeRunningProcesses
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        """None: a data-center GPU runs no graphics; MPS clients are not tracked here either."""
+        self._processes(handle)
+        return []
+
+    nvmlDeviceGetGraphicsRunningProcesses_v2 = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetGraphicsRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetMPSComputeRunningProcesses = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetMPSComputeRunningProcesses_v2 = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses
+
     @cached_property
     def recovery_supported(self) -> bool:
         """Whether this machine's driver reports GPU recovery actions (R565 and later)."""

@@ -164,3 +164,24 @@ FORWARD(nvmlDeviceGetTopologyCommonAncestor, "h h o4", (handle_t first, handle_t
         level)
 FORWARD(nvmlDeviceGetGpuFabricInfo, "h o28", (handle_t device, void *info), device, info)
 FORWARD(nvmlDeviceGetGpuFabricInfoV, "h v", (handle_t device, void *info), device, info)
+
+/* ----- processes: nvmlProcessInfo_v1_t 16 bytes, nvmlProcessInfo_v2_t and nvmlProcessInfo_t (v3) 24; the count
+ * comes before the array here, so the arguments are passed in the "A" token's order. */
+FORWARD(nvmlDeviceGetComputeRunningProcesses, "h A16",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetComputeRunningProcesses_v2, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetComputeRunningProcesses_v3, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetGraphicsRunningProcesses, "h A16",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetGraphicsRunningProcesses_v2, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetGraphicsRunningProcesses_v3, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetMPSComputeRunningProcesses, "h A16",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetMPSComputeRunningProcesses_v2, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetMPSComputeRunningProcesses_v3, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)

@@ -356,6 +356,13 @@ func (p *probe) call(fn string) (any, nvml.Return) {
 	case "nvmlDeviceGetGpuFabricInfoV":
 		info, ret := p.device(0).GetGpuFabricInfoV().V2()
 		return fabric(info.ClusterUuid, info.Status, info.CliqueId, info.State, &info.HealthMask), ret
+	case "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
+		"nvmlDeviceGetComputeRunningProcesses_v3":
+		return p.device(0).GetComputeRunningProcesses()
+	case "nvmlDeviceGetGraphicsRunningProcesses":
+		return p.device(0).GetGraphicsRunningProcesses()
+	case "nvmlDeviceGetMPSComputeRunningProcesses":
+		return p.device(0).GetMPSComputeRunningProcesses()
 	// One the simulator does not model (a GPU that is not a NUMA node of its own): NOT_SUPPORTED.
 	case "nvmlDeviceGetNumaNodeId":
 		return p.device(0).GetNumaNodeId()

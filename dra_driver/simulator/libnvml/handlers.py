@@ -490,3 +490,43 @@ def _fabric_v(sim: SimulatedNvml, device: int, out: VersionedOut) -> None:
     info.version = out.version
     sim.nvmlDeviceGetGpuFabricInfoV(_dev(device), ctypes.byref(info))
     out.set(info)
+
+
+# ----- processes -----------------------------------------------------------------------------------------------------
+class _ProcessInfoV1(ctypes.Structure):
+    """nvml.h's nvmlProcessInfo_v1_t (the unsuffixed functions'), which pynvml does not define."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for an unsigned long long
+
+
+def _processes(method: str, elem: Any) -> Handler:
+    """NVML's process-list convention: *count in, the number of processes out; too small (a NULL array with a count
+    of 0 asks) is NVML_ERROR_INSUFFICIENT_SIZE."""
+
+    def handler(sim: SimulatedNvml, device: int, out: ArrayOut) -> None:
+        found = getattr(sim, method)(_dev(device))
+        structs = []
+        for proc in found:
+            info = elem()
+            info.pid = proc.pid
+            info.usedGpuMemory = _NOT_AVAILABLE if proc.usedGpuMemory is None else proc.usedGpuMemory
+            if hasattr(info, "gpuInstanceId"):
+                info.gpuInstanceId, info.computeInstanceId = proc.gpuInstanceId, proc.computeInstanceId
+            structs.append(info)
+        out.set_count(len(structs))
+        if out.count < len(structs) or (structs and not out.array_present):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        if out.array_present:
+            out.set_items(b"".join(bytes(info) for info in structs))
+
+    return handler
+
+
+for _kind in ("Compute", "Graphics", "MPSCompute"):
+    _base = f"nvmlDevice{_kind}RunningProcesses".replace("nvmlDevice", "nvmlDeviceGet")
+    forward("h A16", _base)(_processes(_base, _ProcessInfoV1))
+    for _suffix in ("_v2", "_v3"):
+        forward("h A24", _base + _suffix)(_processes(_base + _suffix, pynvml.c_nvmlProcessInfo_v2_t))
