@@ -22,6 +22,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from dra_driver.cli import build_parser
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.driverroot import ensure_driver_root, library_dir
 from dra_driver.simulator.libnvml import (
@@ -40,6 +41,7 @@ from dra_driver.simulator.libnvml.view import VIEW_FUNCTION
 from dra_driver.simulator.libnvml.wire import request_bytes
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
+from dra_driver.simulator.source import open_source, serve_containers
 from tests.libnvml_support import (
     Call,
     GoExecutor,
@@ -573,3 +575,17 @@ def test_the_simulated_persistenced_relays_to_the_server(tmp_path: Path) -> None
     finally:
         sim.stop_persistenced()
     assert persistenced.running(sim.state_dir) is None and not _alive(pid)
+
+
+def test_the_plugin_starts_the_persistenced_only_when_asked(tmp_path: Path) -> None:
+    """`plugin --sim M --sim-persistenced` calls serve_containers; real NVML, or no source, is left alone."""
+    source = open_source("dgx-h100", tmp_path / "m")
+    try:
+        serve_containers(None)
+        assert persistenced.running(tmp_path / "m") is None
+        serve_containers(source)
+        assert persistenced.running(tmp_path / "m") is not None
+    finally:
+        persistenced.stop(tmp_path / "m")
+    args = build_parser().parse_args(["plugin", "--sim", "dgx-h100", "--sim-persistenced"])
+    assert args.sim_persistenced and not build_parser().parse_args(["plugin", "--sim", "x"]).sim_persistenced
