@@ -106,6 +106,9 @@ def _spawn(command: list[str], log_path: Path) -> None:
                 env=_clean_env(),
                 start_new_session=True,
             )
+    except BaseException:
+        os.close(read_end)
+        raise
     finally:
         os.close(write_end)
     _wait_closed(read_end, READY_TIMEOUT_S)
