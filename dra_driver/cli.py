@@ -21,7 +21,7 @@ from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.plugin import features
 from dra_driver.report.cli import add_subcommand as add_report_subcommand
-from dra_driver.simulator.source import open_source
+from dra_driver.simulator.source import open_source, serve_containers
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices, check_numa_form
 from dra_driver.slices.devices import DEFAULT_MODE, NumaNodeForm, parse_replicas
@@ -220,6 +220,8 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     source = open_source(
         args.sim, args.sim_state, args.sysfs_root, args.proc_root, args.driver_root, args.host_driver_root
     )
+    if args.sim and args.sim_persistenced:
+        serve_containers(source)
     run(options, source)
     return 0
 
@@ -387,6 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin-dir", type=Path, help="default /var/lib/kubelet/plugins/<driver>")
     plugin.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
+    plugin.add_argument(
+        "--sim-persistenced",
+        action="store_true",
+        help="with --sim: start the simulated machine's nvidia-persistenced, through which the simulated "
+        "libnvidia-ml in containers given its GPUs reaches the machine (it outlives this process, not its container)",
+    )
     plugin.add_argument(
         "--cdi-hook-path",
         help="NVIDIA's nvidia-cdi-hook (or nvidia-ctk) as the host's runtime finds it: CDI specs then use its "

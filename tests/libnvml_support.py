@@ -104,6 +104,7 @@ class OutOfBand:
 
 
 Step = Call | OutOfBand
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE of an unsigned long long
 NO_SAVED_VALUE = -2  # a call whose argument an earlier, failed, call should have saved
 
 
@@ -125,7 +126,25 @@ def normalize(value: Any) -> Any:
         return {name: normalize(getattr(value, name)) for name, *_ in value._fields_}
     if isinstance(value, list | tuple):
         return [normalize(v) for v in value]
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items()}
+    if isinstance(value, pynvml.nvmlFriendlyObject):  # pynvml's process info: None is NVML_VALUE_NOT_AVAILABLE
+        fields = vars(value)
+        return {k: (NOT_AVAILABLE if v is None and k == "usedGpuMemory" else normalize(v)) for k, v in fields.items()}
     raise TypeError(f"cannot normalize {type(value).__name__}")
+
+
+def fabric_info(info: Any) -> dict[str, Any]:
+    """A GPU's fabric info as the differential test compares it (gonvmlprobe's `fabric`): the cluster UUID as text."""
+    out = {
+        "clusterUuid": str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+        "status": int(info.status),
+        "cliqueId": int(info.cliqueId),
+        "state": int(info.state),
+    }
+    if hasattr(info, "healthMask"):
+        out["healthMask"] = int(info.healthMask)
+    return out
 
 
 class Executor:
@@ -253,7 +272,18 @@ class PyExecutor(Executor):
             gi, profile_id, start, size = args
             ci_placement = pynvml.c_nvmlComputeInstancePlacement_t(start, size)
             return api.nvmlGpuInstanceCreateComputeInstanceWithPlacement(gi, profile_id, ctypes.byref(ci_placement))
-        if fn in ("nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetMigMode"):
+        if fn in ("nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV"):
+            info = pynvml.c_nvmlGpuFabricInfo_t() if fn.endswith("Info") else pynvml.c_nvmlGpuFabricInfoV_t()
+            if hasattr(info, "version"):
+                info.version = pynvml.nvmlGpuFabricInfo_v2
+            getattr(api, fn)(args[0], ctypes.byref(info))
+            return fabric_info(info)
+        if fn in (
+            "nvmlDeviceGetCudaComputeCapability",
+            "nvmlDeviceGetMigMode",
+            "nvmlDeviceGetEccMode",
+            "nvmlDeviceGetPowerManagementLimitConstraints",
+        ):
             return list(getattr(api, fn)(*args))
         if fn in ("nvmlDeviceSetMigMode", "nvmlDeviceSetComputeMode", "nvmlEventSetFree") or fn.endswith("Destroy"):
             result = getattr(api, fn)(*args)

@@ -9,6 +9,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -20,18 +22,31 @@ from typing import Any
 import pynvml
 import pytest
 
+from dra_driver.cli import build_parser
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.driverroot import ensure_driver_root, library_dir
-from dra_driver.simulator.libnvml import CONF_NAME, LOG_NAME, SOCKET_NAME, STATE_ENV
+from dra_driver.simulator.libnvml import (
+    CONF_NAME,
+    LOG_NAME,
+    PERSISTENCED_LOG_NAME,
+    SOCKET_NAME,
+    STATE_ENV,
+    persistenced,
+    persistenced_socket,
+)
 from dra_driver.simulator.libnvml.build import SOURCE_DIR
 from dra_driver.simulator.libnvml.handlers import FUNCTIONS
-from dra_driver.simulator.libnvml.server import Server
+from dra_driver.simulator.libnvml.server import Server, Session
+from dra_driver.simulator.libnvml.view import VIEW_FUNCTION
 from dra_driver.simulator.libnvml.wire import request_bytes
 from dra_driver.simulator.nvml import SimulatedNvml
+from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
+from dra_driver.simulator.source import open_source, serve_containers
 from tests.libnvml_support import (
     Call,
     GoExecutor,
     Var,
+    address,
     built_library,
     gonvmlprobe_binary,
     pynvml_on,
@@ -40,7 +55,7 @@ from tests.libnvml_support import (
 from tests.simhelpers import create_full_ci, create_gi
 
 SUCCESS, UNINITIALIZED, INVALID_ARGUMENT = 0, 1, 2
-NOT_SUPPORTED, INSUFFICIENT_SIZE, DRIVER_NOT_LOADED = 3, 7, 9
+NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, INSUFFICIENT_SIZE, DRIVER_NOT_LOADED = 3, 4, 6, 7, 9
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -99,6 +114,22 @@ def test_unmodelled_functions_answer_not_supported(tmp_path: Path) -> None:
         assert {n: getattr(lib, n)() for n in stubs} == dict.fromkeys(stubs, NOT_SUPPORTED)
     finally:
         assert lib.nvmlShutdown() == SUCCESS
+
+
+def test_the_stub_log_names_every_unmodelled_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = SimulatedNvml("dgx-h100", tmp_path / "m")
+    lib = ctypes.CDLL(str(simulated_library(sim)))
+    log = tmp_path / "stubs.log"
+    monkeypatch.setenv("DRA_DRIVER_LIBNVML_STUB_LOG", str(log))
+    assert lib.nvmlDeviceGetFanSpeed() == UNINITIALIZED  # before nvmlInit: not a call NVML would answer
+    assert lib.nvmlInit_v2() == SUCCESS
+    try:
+        assert lib.nvmlDeviceGetFanSpeed() == NOT_SUPPORTED and lib.nvmlDeviceGetVbiosVersion() == NOT_SUPPORTED
+        count = _uint()
+        assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == SUCCESS  # modelled: not noted
+    finally:
+        assert lib.nvmlShutdown() == SUCCESS
+    assert log.read_text() == "nvmlDeviceGetFanSpeed\nnvmlDeviceGetVbiosVersion\n"
 
 
 # ----- C conventions ---------------------------------------------------------------------------------------------
@@ -433,3 +464,128 @@ def test_a_thread_waiting_for_events_holds_up_no_other(tmp_path: Path) -> None:
         assert lib.nvmlEventSetFree(event_set) == SUCCESS
     finally:
         assert lib.nvmlShutdown() == SUCCESS
+
+
+# ----- a container's view, and the simulated nvidia-persistenced that containers reach the machine through ----------
+def _ask(server: Server, session: Session, name: str, fmt: str, fields: bytes) -> tuple[int, list[bytes | None]]:
+    """One call on a connection: the return code and each output's bytes (None: not written)."""
+    answer = server.dispatch(request_bytes(name, fmt, fields)[4:], session)
+    code, n = struct.unpack_from("<iH", answer)
+    outputs: list[bytes | None] = []
+    off = 6
+    for _ in range(n):
+        (size,) = struct.unpack_from("<i", answer, off)
+        off += 4
+        outputs.append(None if size < 0 else answer[off : off + size])
+        off += max(size, 0)
+    return code, outputs
+
+
+def _text_field(text: str) -> bytes:
+    return b"\x01" + struct.pack("<I", len(text)) + text.encode()
+
+
+def _u64(data: bytes | None) -> int:
+    assert data is not None
+    return int.from_bytes(data, "little")
+
+
+def test_a_containers_view_shows_only_its_devices(tmp_path: Path) -> None:
+    """What the server answers on a connection that opened with a container's device nodes (view.py)."""
+    server = Server.__new__(Server)  # dispatch alone
+    server.sim = sim = SimulatedNvml("dgx-h100", tmp_path / "m")
+    sim.nvmlInit()
+    dev = sim.nvmlDeviceGetHandleByIndex(2)
+    sim.nvmlDeviceSetMigMode(dev, 1)
+    gi = create_gi(sim, dev, 9, 4, 4)
+    mine = sim.nvmlComputeInstanceGetInfo(create_full_ci(sim, gi, 3)).device
+    other = sim.nvmlComputeInstanceGetInfo(create_full_ci(sim, create_gi(sim, dev, 19, 0, 1), 1)).device
+    gi_id = sim.nvmlGpuInstanceGetInfo(gi).id
+    caps = [gi_cap_minor(sim.minors[2], gi_id), ci_cap_minor(sim.minors[2], gi_id, 0)]
+
+    def session(view: str) -> Session:
+        s = Session()
+        assert _ask(server, s, VIEW_FUNCTION, "s", _text_field(view)) == (SUCCESS, [])
+        return s
+
+    host, ctr = Session(), session(f"gpus=2,6 caps={caps[0]},{caps[1]}")
+    assert _ask(server, host, "nvmlDeviceGetCount", "o4", b"\x01") == (SUCCESS, [struct.pack("<I", 8)])
+    assert _ask(server, ctr, "nvmlDeviceGetCount", "o4", b"\x01") == (SUCCESS, [struct.pack("<I", 2)])
+    code, (handle,) = _ask(server, ctr, "nvmlDeviceGetHandleByIndex", "u o8", struct.pack("<I", 1) + b"\x01")
+    assert code == SUCCESS and handle is not None
+    assert sim.nvmlDeviceGetUUID(ctypes.c_void_p(_u64(handle))) == sim.gpu_uuids[6]
+    index = _ask(server, ctr, "nvmlDeviceGetIndex", "h o4", handle + b"\x01")
+    assert index == (SUCCESS, [struct.pack("<I", 1)])
+    assert _ask(server, ctr, "nvmlDeviceGetHandleByIndex", "u o8", struct.pack("<I", 2) + b"\x01")[0] == 2
+    by_uuid = _ask(server, ctr, "nvmlDeviceGetHandleByUUID", "s o8", _text_field(sim.gpu_uuids[0]) + b"\x01")
+    assert by_uuid == (NOT_FOUND, [None])
+    gpu0 = struct.pack("<Q", address(sim.nvmlDeviceGetHandleByIndex(0)))
+    assert _ask(server, ctr, "nvmlDeviceGetName", "h S", gpu0 + b"\x01" + struct.pack("<I", 96))[0] == 2
+    # MIG: its own device only; no instance made or destroyed without the mig/config capability.
+    parent = struct.pack("<Q", address(dev))
+    code, (first,) = _ask(server, ctr, "nvmlDeviceGetMigDeviceHandleByIndex", "h u o8", parent + b"\0\0\0\0\x01")
+    assert code == SUCCESS and _u64(first) == address(mine)
+    second = _ask(server, ctr, "nvmlDeviceGetMigDeviceHandleByIndex", "h u o8", parent + b"\x01\0\0\0\x01")
+    assert second == (NOT_FOUND, [None])
+    theirs = _ask(server, ctr, "nvmlDeviceGetHandleByUUID", "s o8", _text_field(sim.nvmlDeviceGetUUID(other)) + b"\x01")
+    assert theirs == (NOT_FOUND, [None])
+    instances = _ask(
+        server, ctr, "nvmlDeviceGetGpuInstances", "h u A8", parent + struct.pack("<I", 19) + b"\0\x01\0\0\0\0"
+    )
+    assert instances == (SUCCESS, [struct.pack("<I", 0), None])
+    placement = struct.pack("<II", 1, 1)
+    create = parent + struct.pack("<I", 19) + b"\x01" + placement + b"\x01"
+    assert _ask(server, ctr, "nvmlDeviceCreateGpuInstanceWithPlacement", "h u B8 o8", create)[0] == NO_PERMISSION
+    assert _ask(server, ctr, "nvmlDeviceSetMigMode", "h u o4", parent + b"\0\0\0\0\x01")[0] == NO_PERMISSION
+    # With the mig/config capability (minor 1) a container may make instances; mig/monitor (2) shows them all.
+    admin = session(f"gpus=2 caps=1,2,{caps[0]},{caps[1]}")
+    code, _ = _ask(server, admin, "nvmlDeviceCreateGpuInstanceWithPlacement", "h u B8 o8", create)
+    assert code == SUCCESS
+    both = _ask(server, admin, "nvmlDeviceGetMigDeviceHandleByIndex", "h u o8", parent + b"\x01\0\0\0\x01")
+    assert both[0] == SUCCESS
+    sim.nvmlShutdown()
+
+
+def test_the_simulated_persistenced_relays_to_the_server(tmp_path: Path) -> None:
+    """Started by the driver root's own nvidia-persistenced, once per machine; it starts the server for the first
+    caller, answers through the socket a CDI spec mounts in containers, and leaves when stopped."""
+    sim = SimulatedNvml("dgx-b200", tmp_path / "m")
+    tool = sim.driver_root / "usr" / "bin" / "nvidia-persistenced"
+    try:
+        for _ in range(2):
+            done = subprocess.run([str(tool), "--verbose"], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+        pid = persistenced.running(sim.state_dir)
+        assert pid is not None and _alive(pid)
+        assert "listening" in (sim.state_dir / PERSISTENCED_LOG_NAME).read_text()
+        sim.start_persistenced()
+        assert persistenced.running(sim.state_dir) == pid  # one per machine
+        assert not (sim.state_dir / SOCKET_NAME).exists()  # no server until a call
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(persistenced_socket(sim.state_dir)))
+            for frame in (
+                request_bytes(VIEW_FUNCTION, "s", _text_field("gpus=3 caps=")),
+                request_bytes("nvmlDeviceGetCount", "o4", b"\x01"),
+            ):
+                conn.sendall(frame)
+                size = struct.unpack("<I", conn.recv(4, socket.MSG_WAITALL))[0]
+                answer = conn.recv(size, socket.MSG_WAITALL)
+            assert answer == struct.pack("<iHi", SUCCESS, 1, 4) + struct.pack("<I", 1)
+        assert (sim.state_dir / LOG_NAME).read_text().count(" serving ") == 1
+    finally:
+        sim.stop_persistenced()
+    assert persistenced.running(sim.state_dir) is None and not _alive(pid)
+
+
+def test_the_plugin_starts_the_persistenced_only_when_asked(tmp_path: Path) -> None:
+    """`plugin --sim M --sim-persistenced` calls serve_containers; real NVML, or no source, is left alone."""
+    source = open_source("dgx-h100", tmp_path / "m")
+    try:
+        serve_containers(None)
+        assert persistenced.running(tmp_path / "m") is None
+        serve_containers(source)
+        assert persistenced.running(tmp_path / "m") is not None
+    finally:
+        persistenced.stop(tmp_path / "m")
+    args = build_parser().parse_args(["plugin", "--sim", "dgx-h100", "--sim-persistenced"])
+    assert args.sim_persistenced and not build_parser().parse_args(["plugin", "--sim", "x"]).sim_persistenced

@@ -8,12 +8,14 @@ calls runs in lockstep three times, each on its own copy of the machine:
 
 and every call must return the same code and the same value: system and device queries, MIG mode, every GPU- and
 compute-instance profile in each struct version, placements, instance creation and destruction at every placement,
-MIG device handles and their attributes, events, telemetry, and the errors (invalid profile or placement,
-insufficient resources, not found, in use, stale handles, MIG disabled, a lost GPU).
+MIG device handles and their attributes, events, telemetry, the board (persistence, display and ECC modes, serial,
+board id, PCIe link, power limits, clocks, topology, the NVLink fabric), running processes, and the errors (invalid
+profile or placement, insufficient resources, not found, in use, stale handles, MIG disabled, a lost GPU).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pynvml
@@ -41,6 +43,35 @@ ENGINE_SHARED = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
 XID = pynvml.nvmlEventTypeXidCriticalError
 
 
+# The board (modes, identity, PCIe link, power limits): what a data-center GPU answers, from the product's data.
+BOARD_QUERIES = (
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetDisplayMode",
+    "nvmlDeviceGetDisplayActive",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetBoardId",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
+)
+PROCESS_QUERIES = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+)
+CLOCK_QUERIES = ("nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetClockInfo")
+CLOCKS = (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM, pynvml.NVML_CLOCK_VIDEO)
+FABRIC = ("6f1c6d3e-0000-4d39-9a4c-000000000072", 3)  # a rack's cluster UUID and clique, the same on each copy
+
+
 def _device_queries(d: Var) -> list[Step]:
     return [
         Call(fn, (d,))
@@ -66,8 +97,17 @@ def _device_queries(d: Var) -> list[Step]:
             "nvmlDeviceGetSupportedEventTypes",
             "nvmlDeviceGetUtilizationRates",
             "nvmlDeviceGetPowerUsage",
+            *BOARD_QUERIES,
+            "nvmlDeviceGetGpuFabricInfo",  # NOT_SUPPORTED off an NVLink fabric
+            "nvmlDeviceGetGpuFabricInfoV",
+            "nvmlDeviceGetNumaNodeId",  # NOT_SUPPORTED: a GPU is no NUMA node of its own on these machines
+            *PROCESS_QUERIES,
         )
     ] + [
+        *(Call(fn, (d, clock)) for fn in CLOCK_QUERIES for clock in (*CLOCKS, 9)),
+        Call("nvmlDeviceGetTopologyCommonAncestor", (d, d)),
+        Call("nvmlDeviceGetTopologyCommonAncestor", (d, Var("d0"))),
+        Call("nvmlDeviceGetTopologyCommonAncestor", (Var("d0"), d)),
         Call("nvmlDeviceGetTemperature", (d, pynvml.NVML_TEMPERATURE_GPU)),
         Call("nvmlDeviceGetTemperature", (d, 99)),
         Call("nvmlDeviceGetTotalEccErrors", (d, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC)),
@@ -107,8 +147,13 @@ def _mig_device(d: Var, mig: Var, tag: str) -> list[Step]:
             "nvmlDeviceGetMinorNumber",  # INVALID_ARGUMENT: a MIG device has no minor of its own here
             "nvmlDeviceGetUtilizationRates",  # NOT_SUPPORTED on MIG devices
             "nvmlDeviceGetMigMode",
+            *BOARD_QUERIES,  # NOT_SUPPORTED on MIG devices
+            "nvmlDeviceGetGpuFabricInfo",
+            "nvmlDeviceGetComputeRunningProcesses",  # none recorded per MIG device
         )
     ]
+    steps += [Call("nvmlDeviceGetMaxClockInfo", (mig, pynvml.NVML_CLOCK_SM))]
+    steps += [Call("nvmlDeviceGetTopologyCommonAncestor", (mig, d))]
     steps += [
         Call("nvmlDeviceGetUUID", (mig,), save=f"uuid{tag}"),
         Call("nvmlDeviceGetHandleByUUID", (Var(f"uuid{tag}"),)),
@@ -290,7 +335,9 @@ def _events(i: int) -> list[Step]:
 
 def machine_script(spec: MachineSpec) -> list[Step]:
     n = len(spec.gpus)
-    steps: list[Step] = [
+    steps: list[Step] = [OutOfBand("place_in_fabric", FABRIC)] if spec.nvlink_fabric else []
+    steps.append(OutOfBand("attach_process", (0, os.getpid())))  # this process holds GPU 0 on each copy
+    steps += [
         Call("nvmlInit"),
         Call("nvmlSystemGetDriverVersion"),
         Call("nvmlSystemGetNVMLVersion"),
@@ -304,6 +351,7 @@ def machine_script(spec: MachineSpec) -> list[Step]:
         Call("nvmlDeviceGetHandleByPciBusId", ("0000:ff:1f.0",)),
         Call("nvmlDeviceGetHandleByPciBusId", ("not a bus id",)),
     ]
+    steps.append(Call("nvmlDeviceGetHandleByIndex", (0,), save="d0"))  # the other end of topology queries
     for i, gpu in enumerate(spec.gpus):
         d = Var(f"d{i}")
         domain, bus, devfn = gpu.pci_bus_id.split(":")

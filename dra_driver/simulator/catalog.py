@@ -70,6 +70,28 @@ class GpuInstanceProfileSpec(_Strict):
         return self
 
 
+class BoardSpec(_Strict):
+    """What NVML reports of the board beyond its identity: its PCIe link, power limits and maximum clocks (the
+    product's data sheet and published `nvidia-smi -q` outputs; a simulated GPU runs at its maximum clocks)."""
+
+    pcie_generation: int = Field(ge=1, le=6, description="nvmlDeviceGetMaxPcieLinkGeneration (and the GPU's own)")
+    pcie_width: int = Field(default=16, description="lanes, nvmlDeviceGetMaxPcieLinkWidth")
+    power_limit_w: int = Field(description="default and enforced power limit (nvidia-smi's Default Power Limit)")
+    min_power_limit_w: int
+    max_power_limit_w: int
+    graphics_clock_mhz: int = Field(description="nvmlDeviceGetMaxClockInfo(NVML_CLOCK_GRAPHICS)")
+    sm_clock_mhz: int
+    memory_clock_mhz: int
+    video_clock_mhz: int
+
+    @model_validator(mode="after")
+    def _limits_in_order(self) -> BoardSpec:
+        if not self.min_power_limit_w <= self.power_limit_w <= self.max_power_limit_w:
+            limits = (self.min_power_limit_w, self.power_limit_w, self.max_power_limit_w)
+            raise ValueError(f"power limits out of order (min, default, max): {limits}")
+        return self
+
+
 class ProductSpec(_Strict):
     key: str
     name: str = Field(description="nvmlDeviceGetName")
@@ -79,6 +101,7 @@ class ProductSpec(_Strict):
     cuda_compute_capability: tuple[int, int]
     memory_mib: int = Field(description="nvmlDeviceGetMemoryInfo().total in MiB, as nvidia-smi shows it")
     driver_version: str = Field(description="driver the profile table was observed with")
+    board: BoardSpec
     mig_profiles: list[GpuInstanceProfileSpec] = []
     sources: list[str] = []
     inferred: list[str] = Field(default=[], description="values not seen on hardware")

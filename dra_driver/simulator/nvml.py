@@ -102,7 +102,22 @@ def _decode(handle: Any) -> tuple[int, int, int, int]:
         _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     if not addr:
         _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    return addr >> 40, (addr >> 24) & 0xFFFF, (addr >> 12) & 0xFFF, addr & 0xFFF
+    return handle_ids(addr)
+
+
+def handle_ids(address: int) -> tuple[int, int, int, int]:
+    """(kind, GPU index, GPU-instance id, compute-instance id) a handle's address encodes (`KIND_*`; zeros where the
+    kind has none): for code that checks handles without calling the simulator (the library server's container
+    view)."""
+    return address >> 40, (address >> 24) & 0xFFFF, (address >> 12) & 0xFFF, address & 0xFFF
+
+
+KIND_DEVICE, KIND_GPU_INSTANCE, KIND_COMPUTE_INSTANCE, KIND_MIG_DEVICE = (
+    _KIND_DEVICE,
+    _KIND_GPU_INSTANCE,
+    _KIND_COMPUTE_INSTANCE,
+    _KIND_MIG_DEVICE,
+)
 
 
 def _pointer(pointer_type: Any, address: int) -> Any:
@@ -450,6 +465,21 @@ class SimulatedNvml:
         if was != pynvml.NVML_GPU_RECOVERY_ACTION_NONE and self.recovery_supported:
             self.events.append(index, pynvml.nvmlEventTypeGpuRecoveryAction, 0, GPU_LEVEL, GPU_LEVEL)
 
+    # ----- the simulated nvidia-persistenced (a container's way to the machine) ---------------------------
+    def start_persistenced(self) -> None:
+        """Start the machine's simulated nvidia-persistenced, as a node starts it at boot: the simulated
+        libnvidia-ml in a container whose CDI spec came from this machine's driver root reaches the machine through
+        its socket (dra_driver.simulator.libnvml.persistenced). It runs until the state directory is gone or
+        `stop_persistenced`."""
+        from dra_driver.simulator.libnvml import persistenced
+
+        persistenced.start(self.state_dir)
+
+    def stop_persistenced(self) -> None:
+        from dra_driver.simulator.libnvml import persistenced
+
+        persistenced.stop(self.state_dir)
+
     # ----- the NVLink fabric (NVL72 racks) ---------------------------------------------------------------
     def place_in_fabric(self, cluster_uuid: str, clique_id: int) -> None:
         """Where this machine's GPUs sit in their NVLink fabric: the rack's cluster and the clique inside it (as the
@@ -496,6 +526,36 @@ class SimulatedNvml:
         """The live processes holding GPU `index` (an exited one, or one whose pid was reused, holds nothing)."""
         gpu = self.store.read().gpus[index]
         return [p.pid for p in gpu.processes if process_start_time(p.pid) == p.start_time]
+
+    def _processes(self, handle: Any) -> list[int]:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            self._ci(handle)
+            return []  # processes are recorded per GPU (attach_process), none per MIG device
+        return self.busy(self._gpu(handle)[0])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        """pynvml's objects for the live processes holding the GPU (`attach_process`): pid, no memory figure (None,
+        NVML_VALUE_NOT_AVAILABLE in C), no GPU or compute instance (0xFFFFFFFF, a whole GPU)."""
+        return [
+            pynvml.nvmlFriendlyObject(
+                {"pid": pid, "usedGpuMemory": None, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
+            )
+            for pid in self._processes(handle)
+        ]
+
+    nvmlDeviceGetComputeRunningProcesses_v2 = nvmlDeviceGetComputeRunningProcesses
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        """None: a data-center GPU runs no graphics; MPS clients are not tracked here either."""
+        self._processes(handle)
+        return []
+
+    nvmlDeviceGetGraphicsRunningProcesses_v2 = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetGraphicsRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetMPSComputeRunningProcesses = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetMPSComputeRunningProcesses_v2 = nvmlDeviceGetGraphicsRunningProcesses
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses
 
     @cached_property
     def recovery_supported(self) -> bool:
@@ -1032,6 +1092,107 @@ class SimulatedNvml:
         return int(t.ecc_corrected_aggregate if corrected else t.ecc_uncorrected_aggregate)
 
     # ===== end of telemetry ===========================================================================
+
+    # ===== the board: modes, identity, PCIe link, power limits, clocks, topology ========================
+    # What a data-center GPU answers that the simulator keeps no state for: fixed by the product's data
+    # (catalog.BoardSpec) and the machine's layout. Persistence mode on (nvidia-persistenced runs on such nodes),
+    # no display, ECC on; a simulated GPU runs at its maximum clocks on a link trained at its maximum. MIG device
+    # handles support none of these, as the telemetry above.
+    def _board(self, handle: Any) -> tuple[int, ProductSpec]:
+        if _decode(handle)[0] == _KIND_MIG_DEVICE:
+            self._ci(handle)
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        index, _, prod = self._gpu(handle)
+        return index, prod
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        self._board(handle)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetDisplayMode(self, handle: Any) -> int:
+        self._board(handle)
+        return int(pynvml.NVML_FEATURE_DISABLED)
+
+    nvmlDeviceGetDisplayActive = nvmlDeviceGetDisplayMode
+
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
+        """[current, pending]."""
+        self._board(handle)
+        return [int(pynvml.NVML_FEATURE_ENABLED), int(pynvml.NVML_FEATURE_ENABLED)]
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:
+        """A 13-digit board serial number, fixed per GPU of the machine (as nvidia-smi -q prints it)."""
+        index, _ = self._board(handle)
+        return str(1650000000000 + uuid.UUID(self.gpu_uuids[index][4:]).int % 10**10)
+
+    def nvmlDeviceGetBoardId(self, handle: Any) -> int:
+        """The PCI bus and device-function of the GPU (nvidia-smi -q's "Board ID: 0x1b00" for 00000000:1B:00.0)."""
+        index, _ = self._board(handle)
+        parsed = _parse_bus_id(self.spec.gpus[index].pci_bus_id)
+        assert parsed is not None
+        _, bus, device, function = parsed
+        return (bus << 8) | (device << 3) | function
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        return self._board(handle)[1].board.pcie_generation
+
+    nvmlDeviceGetGpuMaxPcieLinkGeneration = nvmlDeviceGetMaxPcieLinkGeneration
+    nvmlDeviceGetCurrPcieLinkGeneration = nvmlDeviceGetMaxPcieLinkGeneration
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        return self._board(handle)[1].board.pcie_width
+
+    nvmlDeviceGetCurrPcieLinkWidth = nvmlDeviceGetMaxPcieLinkWidth
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        """Milliwatts, as every power limit."""
+        return self._board(handle)[1].board.power_limit_w * 1000
+
+    nvmlDeviceGetPowerManagementDefaultLimit = nvmlDeviceGetPowerManagementLimit
+    nvmlDeviceGetEnforcedPowerLimit = nvmlDeviceGetPowerManagementLimit
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
+        """[min, max] milliwatts."""
+        board = self._board(handle)[1].board
+        return [board.min_power_limit_w * 1000, board.max_power_limit_w * 1000]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        """MHz of NVML_CLOCK_GRAPHICS, _SM, _MEM or _VIDEO."""
+        board = self._board(handle)[1].board
+        clocks = {
+            pynvml.NVML_CLOCK_GRAPHICS: board.graphics_clock_mhz,
+            pynvml.NVML_CLOCK_SM: board.sm_clock_mhz,
+            pynvml.NVML_CLOCK_MEM: board.memory_clock_mhz,
+            pynvml.NVML_CLOCK_VIDEO: board.video_clock_mhz,
+        }
+        if clock_type not in clocks:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return clocks[clock_type]
+
+    nvmlDeviceGetClockInfo = nvmlDeviceGetMaxClockInfo
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        """NOT_SUPPORTED: nvml.h's NUMA node of a GPU that is a NUMA node itself (coherent GPU memory), which no
+        simulated machine models; the NUMA node near a GPU is its PCI function's sysfs numa_node."""
+        self._board(handle)
+        _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+        """The closest PCIe ancestor of two GPUs from the machine's layout: the GPU itself, the switch of a shared
+        PCIe root (the data pairs GPUs behind one switch there: PXB), their NUMA node's host bridges, or the system
+        (across sockets)."""
+        first, _ = self._board(device1)
+        second, _ = self._board(device2)
+        a, b = self.spec.gpus[first], self.spec.gpus[second]
+        if first == second:
+            return int(pynvml.NVML_TOPOLOGY_INTERNAL)
+        if a.pcie_root == b.pcie_root:
+            return int(pynvml.NVML_TOPOLOGY_MULTIPLE)
+        if a.numa_node == b.numa_node:
+            return int(pynvml.NVML_TOPOLOGY_NODE)
+        return int(pynvml.NVML_TOPOLOGY_SYSTEM)
+
+    # ===== end of the board ===========================================================================
 
     # ===== compute mode (sharing) =====================================================================
     # Kept with the simulated driver tools' time slices and MPS daemons (dra_driver.simulator.tools.state), so

@@ -6,6 +6,7 @@ itself must not know it. The simulator is imported only when asked for, so that 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -46,3 +47,17 @@ def open_source(
         root,
         host_driver_root or root,
     )
+
+
+def serve_containers(source: NvmlSource | None) -> None:
+    """`plugin --sim M --sim-persistenced`: start the machine's simulated nvidia-persistenced (unless it runs), as a
+    node runs nvidia-persistenced: the simulated libnvidia-ml in the containers our CDI specs give GPUs reaches the
+    machine through its socket (docs/simulated-libnvml.md, "In a container"). It outlives the plugin's process, not its
+    container (in a pod it leaves with it). Nothing for real NVML; a failure to start it is logged, not fatal."""
+    start = getattr(getattr(source, "lib", None), "start_persistenced", None)
+    if start is None:
+        return
+    try:
+        start()
+    except (OSError, RuntimeError) as e:
+        logging.getLogger(__name__).warning("the simulated nvidia-persistenced did not start: %s", e)

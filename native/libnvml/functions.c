@@ -137,3 +137,51 @@ FORWARD(nvmlDeviceGetPowerUsage, "h o4", (handle_t device, unsigned int *milliwa
 FORWARD(nvmlDeviceGetTotalEccErrors, "h i i o8",
         (handle_t device, int error_type, int counter_type, unsigned long long *count), device, error_type,
         counter_type, count)
+
+/* ----- the board: modes, identity, PCIe link, power limits, clocks, topology, fabric --------------------------
+ * nvmlGpuFabricInfo_t 28 bytes; nvmlGpuFabricInfo_v2_t (nvmlDeviceGetGpuFabricInfoV) 36. */
+FORWARD(nvmlDeviceGetPersistenceMode, "h o4", (handle_t device, int *mode), device, mode)
+FORWARD(nvmlDeviceGetDisplayMode, "h o4", (handle_t device, int *display), device, display)
+FORWARD(nvmlDeviceGetDisplayActive, "h o4", (handle_t device, int *active), device, active)
+FORWARD(nvmlDeviceGetEccMode, "h o4 o4", (handle_t device, int *current, int *pending), device, current, pending)
+FORWARD(nvmlDeviceGetSerial, "h S", (handle_t device, char *serial, unsigned int length), device, serial, length)
+FORWARD(nvmlDeviceGetBoardId, "h o4", (handle_t device, unsigned int *board_id), device, board_id)
+FORWARD(nvmlDeviceGetMaxPcieLinkGeneration, "h o4", (handle_t device, unsigned int *gen), device, gen)
+FORWARD(nvmlDeviceGetGpuMaxPcieLinkGeneration, "h o4", (handle_t device, unsigned int *gen), device, gen)
+FORWARD(nvmlDeviceGetCurrPcieLinkGeneration, "h o4", (handle_t device, unsigned int *gen), device, gen)
+FORWARD(nvmlDeviceGetMaxPcieLinkWidth, "h o4", (handle_t device, unsigned int *width), device, width)
+FORWARD(nvmlDeviceGetCurrPcieLinkWidth, "h o4", (handle_t device, unsigned int *width), device, width)
+FORWARD(nvmlDeviceGetPowerManagementLimit, "h o4", (handle_t device, unsigned int *milliwatts), device, milliwatts)
+FORWARD(nvmlDeviceGetPowerManagementDefaultLimit, "h o4", (handle_t device, unsigned int *milliwatts), device,
+        milliwatts)
+FORWARD(nvmlDeviceGetEnforcedPowerLimit, "h o4", (handle_t device, unsigned int *milliwatts), device, milliwatts)
+FORWARD(nvmlDeviceGetPowerManagementLimitConstraints, "h o4 o4",
+        (handle_t device, unsigned int *min_milliwatts, unsigned int *max_milliwatts), device, min_milliwatts,
+        max_milliwatts)
+FORWARD(nvmlDeviceGetMaxClockInfo, "h i o4", (handle_t device, int type, unsigned int *mhz), device, type, mhz)
+FORWARD(nvmlDeviceGetClockInfo, "h i o4", (handle_t device, int type, unsigned int *mhz), device, type, mhz)
+FORWARD(nvmlDeviceGetTopologyCommonAncestor, "h h o4", (handle_t first, handle_t second, int *level), first, second,
+        level)
+FORWARD(nvmlDeviceGetGpuFabricInfo, "h o28", (handle_t device, void *info), device, info)
+FORWARD(nvmlDeviceGetGpuFabricInfoV, "h v", (handle_t device, void *info), device, info)
+
+/* ----- processes: nvmlProcessInfo_v1_t 16 bytes, nvmlProcessInfo_v2_t and nvmlProcessInfo_t (v3) 24; the count
+ * comes before the array here, so the arguments are passed in the "A" token's order. */
+FORWARD(nvmlDeviceGetComputeRunningProcesses, "h A16",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetComputeRunningProcesses_v2, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetComputeRunningProcesses_v3, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetGraphicsRunningProcesses, "h A16",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetGraphicsRunningProcesses_v2, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetGraphicsRunningProcesses_v3, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetMPSComputeRunningProcesses, "h A16",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetMPSComputeRunningProcesses_v2, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)
+FORWARD(nvmlDeviceGetMPSComputeRunningProcesses_v3, "h A24",
+        (handle_t device, unsigned int *count, void *infos), device, infos, count)

@@ -11,10 +11,18 @@
  * a Python named in libnvml.conf) under the lock <state>/libnvml.lock, so that only one starts, and waits until it
  * listens. Nothing else is needed: no environment variable, no server started by hand.
  *
+ * In a container: a copy of the library that finds neither (a CDI spec bind-mounted it, with the rest of the driver
+ * root, into the container) reaches its machine through /run/nvidia-persistenced/socket, the driver root's
+ * persistenced socket that the CDI spec mounts there, on which the machine's simulated nvidia-persistenced
+ * (dra_driver.simulator.libnvml.persistenced) relays to the server. Each connection opens with the device nodes
+ * this process sees (/dev/nvidia<minor>, /dev/nvidia-caps/nvidia-cap<minor>): the server then answers as NVML does
+ * in a container, with only those GPUs and MIG devices.
+ *
  * Per process: nvmlInit and nvmlShutdown count references here; connections are pooled (one per concurrent call, so
  * that a thread waiting in nvmlEventSetWait holds up no other) and closed at the last nvmlShutdown; a forked child
  * starts with an empty pool. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +40,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +53,10 @@
 #define LOG_NAME "libnvml-server.log"
 #define STATE_ENV "DRA_DRIVER_LIBNVML_STATE"
 #define DEBUG_ENV "DRA_DRIVER_LIBNVML_DEBUG"
+#define STUB_LOG_ENV "DRA_DRIVER_LIBNVML_STUB_LOG" /* a file: every call of an unmodelled function, a line */
+#define PERSISTENCED_SOCKET "/run/nvidia-persistenced/socket" /* where a CDI spec mounts the driver root's socket */
+#define VIEW_FUNCTION "simnvmlContainerView" /* a connection's first request in a container: not an NVML function */
+#define VIEW_TIMEOUT_S 130       /* the relay may have to start the server (READY_TIMEOUT_MS) before it answers */
 #define SERVER_MODULE "dra_driver.simulator.libnvml.server"
 #define MAX_ANCESTORS 8           /* how far up from the library the state directory may lie */
 #define READY_TIMEOUT_MS 120000   /* a cold Python start on a loaded machine */
@@ -58,6 +71,8 @@ static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER; /* refcount, sta
 static pthread_mutex_t g_pool_lock = PTHREAD_MUTEX_INITIALIZER; /* the connection pool; taken around fork */
 static unsigned int g_refcount;
 static char g_state[PATH_MAX]; /* the state directory; "" until found */
+static int g_container;        /* no state directory: the machine is reached through PERSISTENCED_SOCKET */
+static char g_view[2048];      /* in a container: the device nodes it has, "gpus=<minors> caps=<minors>" */
 static int g_state_fd = -1;    /* O_PATH of it: reaches a socket whose path is too long for sun_path */
 static int g_pool[POOL_MAX];
 static int g_pool_n;
@@ -166,17 +181,66 @@ static int find_state(void)
         if (set_state(path) == 0)
             return 0;
     }
-    debugf("no %s above %s (not a simulated driver root; set $%s)", CONF_NAME, info.dli_fname, STATE_ENV);
+    struct stat st;
+    if (stat(PERSISTENCED_SOCKET, &st) == 0 && S_ISSOCK(st.st_mode)) {
+        g_container = 1;
+        debugf("no %s above %s: reaching the machine through %s", CONF_NAME, info.dli_fname, PERSISTENCED_SOCKET);
+        return 0;
+    }
+    debugf("no %s above %s and no %s (not a simulated driver root; set $%s)", CONF_NAME, info.dli_fname,
+           PERSISTENCED_SOCKET, STATE_ENV);
     return -1;
 }
 
+/* Appends to `out` the numbers N of the character devices <dir>/<prefix>N, comma-separated: the device nodes a
+ * container got (NVML there sees the GPUs and MIG devices whose nodes it can open, and no other). */
+static void append_minors(char *out, size_t size, const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    size_t prefix_len = strlen(prefix);
+    int first = 1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *digits = e->d_name + prefix_len;
+        if (strncmp(e->d_name, prefix, prefix_len) != 0 || *digits == '\0' ||
+            strspn(digits, "0123456789") != strlen(digits) || strlen(digits) > 9)
+            continue;
+        char path[PATH_MAX];
+        struct stat st;
+        if (path_join(path, sizeof path, dir, e->d_name) != 0 || stat(path, &st) != 0 || !S_ISCHR(st.st_mode))
+            continue;
+        size_t len = strlen(out);
+        if (len + strlen(digits) + 2 >= size)
+            break;
+        snprintf(out + len, size - len, "%s%s", first ? "" : ",", digits);
+        first = 0;
+    }
+    closedir(d);
+}
+
+static void find_view(void)
+{
+    snprintf(g_view, sizeof g_view, "gpus=");
+    append_minors(g_view, sizeof g_view, "/dev", "nvidia");
+    size_t len = strlen(g_view);
+    snprintf(g_view + len, sizeof g_view - len, " caps=");
+    append_minors(g_view, sizeof g_view, "/dev/nvidia-caps", "nvidia-cap");
+    debugf("this container's device nodes: %s", g_view);
+}
+
 /* ----- reaching and starting the server ---------------------------------------------------------------------- */
+static int send_view(int fd);
+
 static int try_connect(void)
 {
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
-    if (path_join(sa.sun_path, sizeof sa.sun_path, g_state, SOCK_NAME) != 0) {
+    if (g_container) {
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", PERSISTENCED_SOCKET);
+    } else if (path_join(sa.sun_path, sizeof sa.sun_path, g_state, SOCK_NAME) != 0) {
         char dir[64];
         snprintf(dir, sizeof dir, "/proc/self/fd/%d", g_state_fd);
         if (path_join(sa.sun_path, sizeof sa.sun_path, dir, SOCK_NAME) != 0)
@@ -189,6 +253,10 @@ static int try_connect(void)
     while (connect(fd, (struct sockaddr *)&sa, len) != 0) {
         if (errno == EINTR)
             continue;
+        close(fd);
+        return -1;
+    }
+    if (g_container && send_view(fd) != 0) {
         close(fd);
         return -1;
     }
@@ -363,6 +431,16 @@ static int get_connection(int *pooled)
     fd = try_connect();
     if (fd >= 0)
         return fd;
+    if (g_container) { /* nothing to start here: the host's simulated nvidia-persistenced starts the server */
+        for (int attempt = 0; fd < 0 && attempt < 2; attempt++) { /* a server that left as the relay reached it */
+            usleep(50000);
+            fd = try_connect();
+        }
+        if (fd < 0)
+            debugf("nobody answers on %s (is the machine's simulated nvidia-persistenced running?)",
+                   PERSISTENCED_SOCKET);
+        return fd;
+    }
     int lock = lock_start(); /* the server takes it too before it leaves: no start races a stop */
     fd = try_connect();
     if (fd < 0 && spawn_server() == 0)
@@ -483,6 +561,37 @@ static nvmlReturn_t apply(const unsigned char *resp, uint32_t resp_len, out_t *o
         off += (size_t)blob;
     }
     return (nvmlReturn_t)rc;
+}
+
+/* A container's connection opens with its view: the server answers every later call on it as NVML does in such a
+ * container. 0 when the server took it. */
+static int send_view(int fd)
+{
+    buf_t req = {0};
+    size_t name_len = strlen(VIEW_FUNCTION), view_len = strlen(g_view);
+    put_u32(&req, PROTOCOL_MAGIC);
+    put_u16(&req, (uint16_t)name_len);
+    put(&req, VIEW_FUNCTION, name_len);
+    put_u16(&req, 1);
+    put(&req, "s", 1);
+    put_u8(&req, 1);
+    put_u32(&req, (uint32_t)view_len);
+    put(&req, g_view, view_len);
+    struct timeval tv = {.tv_sec = VIEW_TIMEOUT_S}, none = {0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* something else listening there may never answer */
+    unsigned char *resp = NULL;
+    uint32_t resp_len = 0;
+    size_t got = 0;
+    int rc = req.failed ? -1 : round_trip(fd, &req, &resp, &resp_len, &got);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+    int32_t code = -1;
+    if (rc == 0)
+        memcpy(&code, resp, 4);
+    free(resp);
+    free(req.data);
+    if (code != NVML_SUCCESS)
+        debugf("%s answers no simulated machine (%d)", PERSISTENCED_SOCKET, rc == 0 ? code : -1);
+    return code == NVML_SUCCESS ? 0 : -1;
 }
 
 static nvmlReturn_t forward_va(const char *name, const char *fmt, va_list ap)
@@ -629,10 +738,22 @@ nvmlReturn_t simnvml_forward(const char *name, const char *fmt, ...)
     return rc;
 }
 
-nvmlReturn_t simnvml_unsupported(void)
+nvmlReturn_t simnvml_unsupported(const char *name)
 {
     if (__atomic_load_n(&g_refcount, __ATOMIC_ACQUIRE) == 0)
         return NVML_ERROR_UNINITIALIZED;
+    debugf("%s: not modelled (NVML_ERROR_NOT_SUPPORTED)", name);
+    const char *log = getenv(STUB_LOG_ENV);
+    if (log != NULL && *log != '\0') {
+        char line[160];
+        int n = snprintf(line, sizeof line, "%s\n", name);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            if (n > 0 && write(fd, line, (size_t)n) < 0)
+                debugf("cannot write %s: %s", log, strerror(errno));
+            close(fd);
+        }
+    }
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
@@ -652,10 +773,15 @@ static nvmlReturn_t init_with_flags(unsigned int flags)
     pthread_mutex_lock(&g_init_lock);
     nvmlReturn_t rc = NVML_SUCCESS;
     if (g_refcount == 0) {
-        if (g_state[0] == '\0' && find_state() != 0)
+        if (g_state[0] == '\0' && !g_container && find_state() != 0) {
             rc = NVML_ERROR_DRIVER_NOT_LOADED;
-        else
+        } else {
+            if (g_container) {
+                pool_drain(); /* connections of an earlier init carry the view of then */
+                find_view();
+            }
             rc = forward_unchecked("nvmlInitWithFlags", "u", flags);
+        }
     }
     if (rc == NVML_SUCCESS)
         __atomic_add_fetch(&g_refcount, 1, __ATOMIC_RELEASE);

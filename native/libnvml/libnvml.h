@@ -57,7 +57,8 @@ enum {
  * Returns NVML_ERROR_UNINITIALIZED before nvmlInit, the server's return code otherwise. */
 nvmlReturn_t simnvml_forward(const char *name, const char *fmt, ...);
 
-/* What a function the simulator does not model returns. */
-nvmlReturn_t simnvml_unsupported(void);
+/* What a function the simulator does not model (`name`) returns; it is noted in $DRA_DRIVER_LIBNVML_STUB_LOG, a line
+ * per call, where that names a file (which unmodelled functions a program calls). */
+nvmlReturn_t simnvml_unsupported(const char *name);
 
 #endif

@@ -311,17 +311,78 @@ func (p *probe) call(fn string) (any, nvml.Return) {
 		return p.device(0).GetPowerUsage()
 	case "nvmlDeviceGetTotalEccErrors":
 		return p.device(0).GetTotalEccErrors(nvml.MemoryErrorType(p.int(1)), nvml.EccCounterType(p.int(2)))
-	// A few the simulator does not model: the library answers them NOT_SUPPORTED.
-	case "nvmlDeviceGetNumaNodeId":
-		return p.device(0).GetNumaNodeId()
+	// The board: modes, identity, PCIe link, power limits, clocks, topology, fabric.
 	case "nvmlDeviceGetPersistenceMode":
 		return p.device(0).GetPersistenceMode()
+	case "nvmlDeviceGetDisplayMode":
+		return p.device(0).GetDisplayMode()
+	case "nvmlDeviceGetDisplayActive":
+		return p.device(0).GetDisplayActive()
+	case "nvmlDeviceGetEccMode":
+		current, pending, ret := p.device(0).GetEccMode()
+		return []int{int(current), int(pending)}, ret
 	case "nvmlDeviceGetSerial":
 		return p.device(0).GetSerial()
+	case "nvmlDeviceGetBoardId":
+		return p.device(0).GetBoardId()
+	case "nvmlDeviceGetMaxPcieLinkGeneration":
+		return p.device(0).GetMaxPcieLinkGeneration()
+	case "nvmlDeviceGetGpuMaxPcieLinkGeneration":
+		return p.device(0).GetGpuMaxPcieLinkGeneration()
+	case "nvmlDeviceGetCurrPcieLinkGeneration":
+		return p.device(0).GetCurrPcieLinkGeneration()
+	case "nvmlDeviceGetMaxPcieLinkWidth":
+		return p.device(0).GetMaxPcieLinkWidth()
+	case "nvmlDeviceGetCurrPcieLinkWidth":
+		return p.device(0).GetCurrPcieLinkWidth()
+	case "nvmlDeviceGetPowerManagementLimit":
+		return p.device(0).GetPowerManagementLimit()
+	case "nvmlDeviceGetPowerManagementDefaultLimit":
+		return p.device(0).GetPowerManagementDefaultLimit()
+	case "nvmlDeviceGetEnforcedPowerLimit":
+		return p.device(0).GetEnforcedPowerLimit()
+	case "nvmlDeviceGetPowerManagementLimitConstraints":
+		low, high, ret := p.device(0).GetPowerManagementLimitConstraints()
+		return []int{int(low), int(high)}, ret
+	case "nvmlDeviceGetMaxClockInfo":
+		return p.device(0).GetMaxClockInfo(nvml.ClockType(p.int(1)))
+	case "nvmlDeviceGetClockInfo":
+		return p.device(0).GetClockInfo(nvml.ClockType(p.int(1)))
+	case "nvmlDeviceGetTopologyCommonAncestor":
+		return p.device(0).GetTopologyCommonAncestor(p.device(1))
 	case "nvmlDeviceGetGpuFabricInfo":
-		return p.device(0).GetGpuFabricInfo()
+		info, ret := p.device(0).GetGpuFabricInfo()
+		return fabric(info.ClusterUuid, info.Status, info.CliqueId, info.State, nil), ret
+	case "nvmlDeviceGetGpuFabricInfoV":
+		info, ret := p.device(0).GetGpuFabricInfoV().V2()
+		return fabric(info.ClusterUuid, info.Status, info.CliqueId, info.State, &info.HealthMask), ret
+	case "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
+		"nvmlDeviceGetComputeRunningProcesses_v3":
+		return p.device(0).GetComputeRunningProcesses()
+	case "nvmlDeviceGetGraphicsRunningProcesses":
+		return p.device(0).GetGraphicsRunningProcesses()
+	case "nvmlDeviceGetMPSComputeRunningProcesses":
+		return p.device(0).GetMPSComputeRunningProcesses()
+	// One the simulator does not model (a GPU that is not a NUMA node of its own): NOT_SUPPORTED.
+	case "nvmlDeviceGetNumaNodeId":
+		return p.device(0).GetNumaNodeId()
 	}
 	panic(probeError("unknown function " + fn))
+}
+
+// fabric is a GPU's fabric info as the differential test compares it: the cluster UUID as text.
+func fabric(cluster [16]uint8, status, clique uint32, state uint8, health *uint32) map[string]any {
+	b := cluster[:]
+	out := map[string]any{
+		"clusterUuid": fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16]),
+		"status":      status,
+		"cliqueId":    clique,
+		"state":       state,
+	}
+	if health != nil {
+		out["healthMask"] = *health
+	}
+	return out
 }
 
 // value turns what go-nvml returned into JSON: handles as addresses, structs keyed by pynvml's field names.
@@ -339,6 +400,12 @@ func value(v any) any {
 		return 0
 	case string:
 		return t
+	case map[string]any:
+		out := map[string]any{}
+		for k, x := range t {
+			out[k] = value(x)
+		}
+		return out
 	}
 	rv := reflect.ValueOf(v)
 	switch rv.Kind() {

@@ -11,6 +11,13 @@ the machine the server simulates. Both are written here, by every `SimulatedNvml
     <state>/libnvml.sock          the server's socket
     <state>/libnvml.lock          flock: one server starts at a time, and none stops while one starts
     <state>/libnvml-server.log    the server's output
+    <state>/libnvml-persistenced.lock, .log   the machine's simulated nvidia-persistenced (persistenced.py): held
+                                  while it runs (its pid inside), its output
+    <state>/driver-root/run/nvidia-persistenced/socket   where it listens, relaying to the server: a container's
+                                  library reaches the machine there (the CDI spec mounts it)
+
+Kept light (no pydantic, no pynvml): the simulated nvidia-persistenced imports this package and lives as long as
+the machine.
 """
 
 from __future__ import annotations
@@ -19,9 +26,12 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dra_driver
-from dra_driver.simulator.catalog import MachineSpec
+
+if TYPE_CHECKING:
+    from dra_driver.simulator.catalog import MachineSpec
 
 CONF_NAME = "libnvml.conf"
 MACHINE_NAME = "libnvml-machine.json"
@@ -29,6 +39,11 @@ SOCKET_NAME = "libnvml.sock"
 LOCK_NAME = "libnvml.lock"
 LOG_NAME = "libnvml-server.log"
 STATE_ENV = "DRA_DRIVER_LIBNVML_STATE"  # names the state directory where the library cannot find it from its path
+PERSISTENCED_LOCK_NAME = "libnvml-persistenced.lock"
+PERSISTENCED_LOG_NAME = "libnvml-persistenced.log"
+PERSISTENCED_SOCKET = "run/nvidia-persistenced/socket"  # in the driver root; a CDI spec mounts it at /<this>
+DRIVER_ROOT_NAME = "driver-root"
+_SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the NUL
 _MAX_CANDIDATES = 4
 
 _CONF_HEADER = (
@@ -73,4 +88,20 @@ def write_conf(state_dir: Path, spec: MachineSpec, *, python: str = sys.executab
 
 
 def read_machine(state_dir: Path) -> MachineSpec:
+    from dra_driver.simulator.catalog import MachineSpec
+
     return MachineSpec.model_validate_json((state_dir / MACHINE_NAME).read_bytes())
+
+
+def persistenced_socket(state_dir: Path) -> Path:
+    """The driver root's persistenced socket, where the machine's simulated nvidia-persistenced listens."""
+    return state_dir / DRIVER_ROOT_NAME / PERSISTENCED_SOCKET
+
+
+def socket_address(path: Path) -> tuple[str, int | None]:
+    """The address to bind or connect `path` by, and a directory descriptor to close afterwards: a path longer than
+    sun_path allows is reached through /proc/self/fd/<descriptor of its directory>, as the library does."""
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        return str(path), None
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{path.name}", fd

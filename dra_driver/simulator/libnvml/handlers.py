@@ -413,3 +413,120 @@ def _power(sim: SimulatedNvml, device: int, out: Out) -> None:
 @forward("h i i o8", "nvmlDeviceGetTotalEccErrors")
 def _ecc(sim: SimulatedNvml, device: int, error_type: int, counter_type: int, out: Out) -> None:
     out.set(sim.nvmlDeviceGetTotalEccErrors(_dev(device), error_type, counter_type))
+
+
+# ----- the board: modes, identity, PCIe link, power limits, clocks, topology, fabric ---------------------------------
+def _scalar(method: str) -> Handler:
+    def handler(sim: SimulatedNvml, device: int, out: Out) -> None:
+        out.set(getattr(sim, method)(_dev(device)))
+
+    return handler
+
+
+_SCALARS = (
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetDisplayMode",
+    "nvmlDeviceGetDisplayActive",
+    "nvmlDeviceGetBoardId",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetEnforcedPowerLimit",
+)
+for _method in _SCALARS:
+    forward("h o4", _method)(_scalar(_method))
+
+
+@forward("h o4 o4", "nvmlDeviceGetEccMode")
+def _ecc_mode(sim: SimulatedNvml, device: int, current: Out, pending: Out) -> None:
+    modes = sim.nvmlDeviceGetEccMode(_dev(device))
+    current.set(modes[0])
+    pending.set(modes[1])
+
+
+@forward("h S", "nvmlDeviceGetSerial")
+def _serial(sim: SimulatedNvml, device: int, out: StrOut) -> None:
+    out.set(sim.nvmlDeviceGetSerial(_dev(device)))
+
+
+@forward("h o4 o4", "nvmlDeviceGetPowerManagementLimitConstraints")
+def _power_constraints(sim: SimulatedNvml, device: int, low: Out, high: Out) -> None:
+    limits = sim.nvmlDeviceGetPowerManagementLimitConstraints(_dev(device))
+    low.set(limits[0])
+    high.set(limits[1])
+
+
+@forward("h i o4", "nvmlDeviceGetMaxClockInfo")
+def _max_clock(sim: SimulatedNvml, device: int, clock_type: int, out: Out) -> None:
+    out.set(sim.nvmlDeviceGetMaxClockInfo(_dev(device), clock_type))
+
+
+@forward("h i o4", "nvmlDeviceGetClockInfo")
+def _clock(sim: SimulatedNvml, device: int, clock_type: int, out: Out) -> None:
+    out.set(sim.nvmlDeviceGetClockInfo(_dev(device), clock_type))
+
+
+@forward("h h o4", "nvmlDeviceGetTopologyCommonAncestor")
+def _common_ancestor(sim: SimulatedNvml, first: int, second: int, out: Out) -> None:
+    out.set(sim.nvmlDeviceGetTopologyCommonAncestor(_dev(first), _dev(second)))
+
+
+@forward("h o28", "nvmlDeviceGetGpuFabricInfo")
+def _fabric(sim: SimulatedNvml, device: int, out: Out) -> None:
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    sim.nvmlDeviceGetGpuFabricInfo(_dev(device), ctypes.byref(info))
+    out.set(info)
+
+
+@forward("h v", "nvmlDeviceGetGpuFabricInfoV")
+def _fabric_v(sim: SimulatedNvml, device: int, out: VersionedOut) -> None:
+    if out.version != pynvml.nvmlGpuFabricInfo_v2:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    info = pynvml.c_nvmlGpuFabricInfoV_t()
+    info.version = out.version
+    sim.nvmlDeviceGetGpuFabricInfoV(_dev(device), ctypes.byref(info))
+    out.set(info)
+
+
+# ----- processes -----------------------------------------------------------------------------------------------------
+class _ProcessInfoV1(ctypes.Structure):
+    """nvml.h's nvmlProcessInfo_v1_t (the unsuffixed functions'), which pynvml does not define."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for an unsigned long long
+
+
+def _processes(method: str, elem: Any) -> Handler:
+    """NVML's process-list convention: *count in, the number of processes out; too small (a NULL array with a count
+    of 0 asks) is NVML_ERROR_INSUFFICIENT_SIZE."""
+
+    def handler(sim: SimulatedNvml, device: int, out: ArrayOut) -> None:
+        found = getattr(sim, method)(_dev(device))
+        structs = []
+        for proc in found:
+            info = elem()
+            info.pid = proc.pid
+            info.usedGpuMemory = _NOT_AVAILABLE if proc.usedGpuMemory is None else proc.usedGpuMemory
+            if hasattr(info, "gpuInstanceId"):
+                info.gpuInstanceId, info.computeInstanceId = proc.gpuInstanceId, proc.computeInstanceId
+            structs.append(info)
+        out.set_count(len(structs))
+        if out.count < len(structs) or (structs and not out.array_present):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        if out.array_present:
+            out.set_items(b"".join(bytes(info) for info in structs))
+
+    return handler
+
+
+for _kind in ("Compute", "Graphics", "MPSCompute"):
+    _base = f"nvmlDevice{_kind}RunningProcesses".replace("nvmlDevice", "nvmlDeviceGet")
+    forward("h A16", _base)(_processes(_base, _ProcessInfoV1))
+    for _suffix in ("_v2", "_v3"):
+        forward("h A24", _base + _suffix)(_processes(_base + _suffix, pynvml.c_nvmlProcessInfo_v2_t))

@@ -3,7 +3,10 @@
 
 It runs one `SimulatedNvml` on the machine's state directory, so what it answers and changes is what the Python
 simulator and the driver see (their state files are shared under their own locks), and answers each connection in a
-thread of its own (a caller waiting in nvmlEventSetWait holds up nobody). It leaves when nobody has been connected
+thread of its own (a caller waiting in nvmlEventSetWait holds up nobody). A connection from a container (the
+library there reaches this server through the machine's simulated nvidia-persistenced, `persistenced.py`) opens
+with the container's device nodes, and is answered with only that container's GPUs and MIG devices (`view.py`).
+It leaves when nobody has been connected
 for `--idle` seconds ($DRA_DRIVER_LIBNVML_IDLE_S, default 60), when its state directory is gone, or when another
 server took its socket; it gives up the socket under <state>/libnvml.lock, the lock the library starts servers under,
 so that a caller either reaches this server or starts the next one.
@@ -24,27 +27,18 @@ from pathlib import Path
 
 import pynvml
 
-from dra_driver.simulator.libnvml import LOCK_NAME, SOCKET_NAME, read_machine
+from dra_driver.simulator.libnvml import LOCK_NAME, SOCKET_NAME, read_machine, socket_address
 from dra_driver.simulator.libnvml.handlers import FUNCTIONS
-from dra_driver.simulator.libnvml.wire import WireError, decode_request, encode_answer
+from dra_driver.simulator.libnvml.view import VIEW_FORMAT, VIEW_FUNCTION, ContainerView, call_in_view
+from dra_driver.simulator.libnvml.wire import WireError, decode_request, encode_answer, tokens
 from dra_driver.simulator.lockedfile import locked
 from dra_driver.simulator.nvml import SimulatedNvml
 
 IDLE_ENV = "DRA_DRIVER_LIBNVML_IDLE_S"
 DEFAULT_IDLE_S = 60.0
 MAX_MESSAGE = 16 << 20
-_SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the NUL
 
 log = logging.getLogger("dra_driver.simulator.libnvml.server")
-
-
-def socket_address(path: Path) -> tuple[str, int | None]:
-    """The address to bind or connect `path` by, and a directory descriptor to close afterwards: a path longer than
-    sun_path allows is reached through /proc/self/fd/<descriptor of its directory>, as the library does."""
-    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
-        return str(path), None
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
-    return f"/proc/self/fd/{fd}/{path.name}", fd
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
@@ -56,6 +50,13 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+class Session:
+    """What the server knows of one connection: a container's view, or None (the host: everything)."""
+
+    def __init__(self) -> None:
+        self.view: ContainerView | None = None
 
 
 class Server:
@@ -98,6 +99,7 @@ class Server:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        session = Session()
         try:
             while True:
                 head = _recv_exact(conn, 4)
@@ -107,7 +109,7 @@ class Server:
                 body = _recv_exact(conn, length) if length <= MAX_MESSAGE else None
                 if body is None:
                     return
-                answer = self.dispatch(body)
+                answer = self.dispatch(body, session)
                 conn.sendall(struct.pack("<I", len(answer)) + answer)
         except OSError as e:
             log.debug("connection closed: %s", e)
@@ -117,14 +119,20 @@ class Server:
                 self._active -= 1
                 self._last = time.monotonic()
 
-    def dispatch(self, body: bytes) -> bytes:
-        """One call: its answer frame's body."""
+    def dispatch(self, body: bytes, session: Session | None = None) -> bytes:
+        """One call on a connection: its answer frame's body."""
         try:
             req = decode_request(body)
         except (WireError, UnicodeDecodeError) as e:
             log.error("undecodable request: %s", e)
             return encode_answer(pynvml.NVML_ERROR_UNKNOWN, [])
         outputs = req.outputs()
+        if req.name == VIEW_FUNCTION and req.fmt == VIEW_FORMAT and isinstance(req.args[0], bytes):
+            seen = ContainerView.parse(req.args[0].decode(errors="replace"))
+            if session is not None:
+                session.view = seen
+            log.debug("a container's connection: GPU minors %s, capability minors %s", seen.gpu_minors, seen.cap_minors)
+            return encode_answer(pynvml.NVML_SUCCESS, outputs)
         entry = FUNCTIONS.get(req.name)
         if entry is None:
             log.warning("%s is not modelled by this server", req.name)
@@ -135,8 +143,13 @@ class Server:
             return encode_answer(pynvml.NVML_ERROR_UNKNOWN, outputs)
         if req.missing_pointer():
             return encode_answer(pynvml.NVML_ERROR_INVALID_ARGUMENT, outputs)
+        view = session.view if session is not None else None
         try:
-            handler(self.sim, *req.args)
+            if view is None:
+                handler(self.sim, *req.args)
+            else:
+                letters = [letter for letter, _ in tokens(req.fmt)]
+                call_in_view(view, self.sim, req.name, letters, req.args, handler)
             code = pynvml.NVML_SUCCESS
         except pynvml.NVMLError as e:
             code = int(e.value)

@@ -1,5 +1,5 @@
-"""The simulated node's driver tools, run as real processes: `nvidia-smi` (tools.smi) and
-`nvidia-cuda-mps-control` (tools.mps).
+"""The simulated node's driver tools, run as real processes: `nvidia-smi` (tools.smi),
+`nvidia-cuda-mps-control` (tools.mps) and `nvidia-persistenced` (dra_driver.simulator.libnvml.persistenced).
 
 Each is an executable script in the simulated driver root (dra_driver.simulator.driverroot writes them),
 `<simulator state dir>/driver-root/usr/bin/<tool>`, that calls `main(tool, sys.argv)`; the simulator state
@@ -38,5 +38,13 @@ def main(tool: str, argv: list[str]) -> int:
         # the control daemon starts servers on behalf of CUDA clients; it is not run by hand
         print(f"{tool}: this program is started by nvidia-cuda-mps-control", file=sys.stderr)
         return 1
+    if tool == "nvidia-persistenced":
+        # The daemon NVML talks to; here the way a container's simulated libnvidia-ml reaches its machine. Like the
+        # real one it goes to the background (options are accepted and ignored); unlike it, a second start is a
+        # no-op rather than an error.
+        from dra_driver.simulator.libnvml import persistenced
+
+        persistenced.start(state_dir)
+        return 0
     print(f"{tool}: not supported by the simulated driver", file=sys.stderr)
     return 1
