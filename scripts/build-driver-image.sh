@@ -9,8 +9,9 @@
 #    from this machine's apt mirror (its deb/deb822 sources for bookworm*), imported into buildah's storage
 #    (${cache}/buildah, vfs driver) as localhost/dra-driver-base:<hash of the mmdebstrap settings>. Rebuilt only
 #    when those settings change.
-# 2. Wheelhouse: `pip wheel` of a copy of the sources (pyproject.toml, README.md, dra_driver/) with this
-#    repository's .venv (Python 3.11, so cp311 wheels fit the base): the build itself needs no network.
+# 2. Wheelhouse: `pip wheel` of a copy of the sources (pyproject.toml, README.md, dra_driver/, and the simulated
+#    libnvidia-ml that scripts/build-libnvml.sh builds, for the simulator's driver roots) with this repository's
+#    .venv (Python 3.11, so cp311 wheels fit the base): the build itself needs no network.
 # 3. `buildah bud --isolation chroot` of deploy/Dockerfile with BASE=the base image and the wheelhouse in the
 #    context, then `buildah push` to an oci-archive.
 # Idempotent: the archive is reused while the Dockerfile, the sources above, the base and this script are unchanged.
@@ -140,12 +141,15 @@ fi
 
 # --- 2. the wheelhouse and the build context --------------------------------------------------------------------
 sources=(pyproject.toml README.md dra_driver)
-excludes=(--exclude=__pycache__ --exclude='*.pyc')
+excludes=(--exclude=__pycache__ --exclude='*.pyc' --exclude='libnvidia-ml.so')
+# The simulated libnvidia-ml (scripts/build-libnvml.sh, cached) goes into the wheel: a simulated machine's driver root
+# written in the plugin's container then holds the library its pods call (dra_driver/simulator/libnvml/build.py).
+libnvml="$("$here/scripts/build-libnvml.sh" | tail -n1)"
 hash="$(
   cd "$here"
   {
     printf '%s\n' "$ref" "$base_ref"
-    sha256sum deploy/Dockerfile scripts/build-driver-image.sh
+    sha256sum deploy/Dockerfile scripts/build-driver-image.sh "$libnvml"
     tar "${excludes[@]}" -cf - "${sources[@]}" | tar -tf - | grep -v '/$' | sort | tr '\n' '\0' | xargs -0 sha256sum
   } | sha256sum | cut -c1-16
 )"
@@ -163,6 +167,7 @@ rm -rf "$ctx"
 mkdir -p "$ctx"
 trap 'rm -rf "$ctx"' EXIT
 tar -C "$here" "${excludes[@]}" -cf - "${sources[@]}" | tar -C "$ctx" -xf -
+cp "$libnvml" "$ctx/dra_driver/simulator/libnvml/libnvidia-ml.so"
 t0="$(now)"
 "$python" -m pip wheel --quiet --wheel-dir "$ctx/wheelhouse" "$ctx" >&2
 rm -rf "$ctx/build" "$ctx"/*.egg-info

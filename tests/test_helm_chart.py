@@ -186,11 +186,12 @@ def test_real_nvml_backend_is_privileged_with_host_mounts(helm: Helm) -> None:
 def test_simulator_backend_is_unprivileged(helm: Helm) -> None:
     p = _plugin(_render(helm, *SIMULATOR))
     c, pod, mounts = p["c"], p["pod"], p["mounts"]
-    assert c["args"][:5] == [
+    assert c["args"][:6] == [
         "plugin",
         "--sim=mixed",
         "--sim-state=/var/lib/dra-driver/sim/mixed",
         "--host-driver-root=/var/lib/dra-driver/sim/mixed/driver-root",
+        "--sim-persistenced",  # the pods' simulated libnvidia-ml reaches the machine through its socket
         "--node-name=$(NODE_NAME)",
     ]
     assert "--nvml" not in c["args"]

@@ -325,21 +325,38 @@ def test_pods_see_the_devices_their_claims_were_allocated(cluster: Cluster) -> N
 
 def test_a_glibc_container_loads_libcuda_and_libnvidia_ml_by_soname(cluster: Cluster) -> None:
     """The driver's own image (Debian, glibc, Python) as a workload: its dynamic loader finds the simulated driver's
-    libcuda.so.1 and libnvidia-ml.so.1 by soname where the CDI spec mounted them, with no ldconfig run."""
+    libcuda.so.1 and libnvidia-ml.so.1 by soname where the CDI spec mounted them, with no ldconfig run; and NVML
+    there, with nothing but what the CDI spec gave the container, sees the one GPU the claim got (the simulated
+    library reaches its machine through the nvidia-persistenced socket the spec mounts: docs/simulated-libnvml.md)."""
     script = (
         "import ctypes, hashlib, json\n"
         "for n in ('libcuda.so.1', 'libnvidia-ml.so.1'): ctypes.CDLL(n)\n"
         "maps = {line.split()[-1] for line in open('/proc/self/maps') if '/lib' in line}\n"
         "print(json.dumps({p: hashlib.sha256(open(p, 'rb').read()).hexdigest() for p in sorted(maps)\n"
         "                  if '/libcuda.so' in p or '/libnvidia-ml.so' in p}))\n"
+        "nvml = ctypes.CDLL('libnvidia-ml.so.1')\n"
+        "count, handle, uuid = ctypes.c_uint(), ctypes.c_void_p(), ctypes.create_string_buffer(96)\n"
+        "calls = [nvml.nvmlInit_v2(), nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)),\n"
+        "         nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)),\n"
+        "         nvml.nvmlDeviceGetUUID(handle, uuid, 96)]\n"
+        "print(json.dumps({'returns': calls, 'count': count.value, 'uuid': uuid.value.decode()}))\n"
     )
     p = pod("loader", template_name="one-gpu")
     container = p["spec"]["containers"][0]
     container.update(image=f"{IMAGE_REPOSITORY}:{chart_version()}", command=["python3", "-c", script])
     p["spec"]["restartPolicy"] = "Never"
-    cluster.apply(p)
-    out = cluster.log_once_succeeded("loader")
-    loaded = json.loads(out.strip().splitlines()[-1])  # mapped path -> sha256 of what the loader mapped
+    with cluster.claims_seen() as claims:  # the pod's claim is deleted once the pod finished
+        cluster.apply(p)
+        out = cluster.log_once_succeeded("loader")
+    loaded = json.loads(out.strip().splitlines()[-2])  # mapped path -> sha256 of what the loader mapped
+    (device,) = {
+        r["device"]
+        for c in claims
+        if c["metadata"]["name"].startswith("loader-") and c.get("status", {}).get("allocation")
+        for r in c["status"]["allocation"]["devices"]["results"]
+    }
+    uuid = cluster.attribute(device, "uuid")
+    assert json.loads(out.strip().splitlines()[-1]) == {"returns": [0, 0, 0, 0], "count": 1, "uuid": uuid}, out
     libdir = cluster.release.sim_state / cluster.release.machine / "driver-root" / "usr" / "lib" / multiarch()
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
         mapped = [path for path in loaded if path.endswith(f"/{multiarch()}/{soname}")]

@@ -15,6 +15,9 @@ LIBRARY_ENV = "DRA_DRIVER_LIBNVML"  # an explicit library to put on driver roots
 _REPO = Path(dra_driver.__file__).resolve().parent.parent
 SOURCE_DIR = _REPO / "native" / "libnvml"
 BUILD_SCRIPT = _REPO / "scripts" / "build-libnvml.sh"
+# Where a wheel built for the driver image carries the checkout's build (scripts/build-driver-image.sh puts it there),
+# so that the simulated machines of a cluster's nodes get the library their pods can call, as a checkout's do.
+PACKAGED = Path(__file__).resolve().parent / "libnvidia-ml.so"
 
 
 def cache_root() -> Path:
@@ -36,16 +39,18 @@ def source_hash() -> str | None:
 
 
 def built_library() -> Path | None:
-    """The library to put on simulated driver roots: $DRA_DRIVER_LIBNVML, else this checkout's cached build; None
-    when neither exists (the driver root then keeps a stand-in that only the dynamic loader can use)."""
+    """The library to put on simulated driver roots: $DRA_DRIVER_LIBNVML, else this checkout's cached build, else
+    the one installed with the package (the driver image's); None when there is none (the driver root then keeps a
+    stand-in that only the dynamic loader can use)."""
     explicit = os.environ.get(LIBRARY_ENV)
     if explicit:
         return Path(explicit)
     key = source_hash()
-    if key is None:
-        return None
-    path = cache_root() / "libnvml" / key / "libnvidia-ml.so"
-    return path if path.is_file() else None
+    if key is not None:
+        path = cache_root() / "libnvml" / key / "libnvidia-ml.so"
+        if path.is_file():
+            return path
+    return PACKAGED if PACKAGED.is_file() else None
 
 
 def build_library(timeout: float = 600) -> Path:
