@@ -2,8 +2,8 @@
 by scripts/build-nvidia-tools.sh) run as a host process against a real control plane (tests.cluster.controlplane), for
 a Node the test created, on a simulated machine's driver root: it loads the simulated libnvidia-ml.so.1 from there, as
 it loads the real one from the host's driver root, and publishes its ResourceSlices. There is no kubelet: its plugin
-and registration sockets lie in temporary directories nobody connects to, so it prepares nothing (the kubelet would
-call NodePrepareResources on the plugin socket once it had registered through the registration one).
+and registration sockets lie in temporary directories where a test's kubelet stand-in (dra_driver.plugin.grpc.kubelet)
+registers it and calls NodePrepareResources, as the kubelet would.
 
 What the plugin needs from the machine, and where it finds it here:
 - `libnvidia-ml.so.1` under `--nvidia-driver-root` (its root.go searches the library directories of the root): the
