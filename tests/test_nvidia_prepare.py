@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,3 +211,45 @@ def test_nvidia_carves_a_mig_partition_on_demand_and_destroys_it_at_unprepare(
         finally:
             delete_claims(node.api, [claim])
         assert node.plugin.alive() and node.plugin.warnings() == []
+
+
+@needs_root
+def test_nvidia_fails_to_unprepare_the_first_of_two_mig_devices_on_one_gpu(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """A bug of v0.5.0 (and of its main branch since): after destroying a MIG device it decides whether to switch the
+    GPU's MIG mode off from the mode it read at start (off, under DynamicMIG: it switches every GPU's MIG off then),
+    so it sees no other MIG device and switches MIG off under the GPU's other one, which NVML refuses (in use); the
+    unprepare fails, and the kubelet's retry succeeds once the GPU's last MIG device is gone. Bench_prepare's 16
+    MIG devices at once (two per GPU) meet it."""
+    with nvidia_node(control_plane, tmp_path, DYNAMIC_MIG) as node:
+        first, second = (
+            node.claim(mig_device_name(5, "1g.10gb", 19, start), f"nvidia-two-{start}") for start in (0, 1)
+        )
+        try:
+            for claim in (first, second):
+                assert node.kubelet.prepare([claim])[claim.uid].error == ""
+            (parent,) = (g for g in discover(node.sim, node.sim.sysfs_root).gpus if g.minor == 5)
+            assert sorted(m.placement.start for m in parent.mig_instances) == [0, 1]
+            error = node.kubelet.unprepare([first])[first.uid]
+            assert "failed maybeDisableMigMode" in error and "In use by another client" in error, error
+            (parent,) = (g for g in discover(node.sim, node.sim.sysfs_root).gpus if g.minor == 5)
+            assert [m.placement.start for m in parent.mig_instances] == [1]  # its own is gone, the other one stays
+            assert node.kubelet.unprepare([second]) == {second.uid: ""}
+            assert node.kubelet.unprepare([first]) == {first.uid: ""}  # the kubelet's retry
+            assert all(not g.mig_instances for g in discover(node.sim, node.sim.sysfs_root).gpus)
+        finally:
+            delete_claims(node.api, [first, second])
+        warnings = node.plugin.warnings()
+        assert len(warnings) == 2 and all(re.match(p, w) for p, w in zip(_TWO_MIG_WARNINGS, warnings, strict=True)), (
+            warnings
+        )
+
+
+# What it logs at that failed unprepare: NVML's activation status (Success: the refusal is the return code), then
+# the error.
+_TWO_MIG_WARNINGS = (
+    r"^W nvlib\.go:\d+\] SetMigMode activationStatus \(device gpu-5-GPU-[0-9a-f-]+\): Success$",
+    r"^W device_state\.go:\d+\] Error deleting MIG device gpu-5-mig-1g10gb-19-0: failed maybeDisableMigMode: "
+    r"error disabling MIG mode for device gpu-5-GPU-[0-9a-f-]+: In use by another client$",
+)
