@@ -21,12 +21,14 @@ real node, which a simulated machine keeps elsewhere or lacks:
   `nvidia-caps/nvidia-cap<N>`): nvcdi builds a GPU's CDI device from them under its dev root, which is the driver
   root when that has a `dev/` directory (cmd/gpu-kubelet-plugin root.go getDevRoot), else the host's `/`. Made here
   with mknod under `<driver root>/dev` (`make_device_nodes`, `machine_device_nodes`), with the majors and minors of
-  the simulated `/proc`.
+  the simulated `/proc`. The `nvidia-caps` nodes are made as a real node has them but not read: a MIG device's
+  capability nodes go into its spec as `type: c` without a host path, for the runtime to make in the container.
 - for a MIG device, its capabilities' minors from the fixed path `/proc/driver/nvidia/capabilities`, and the
   `nvidia-caps` major from `/proc/devices` (internal/common/nvcaps.go): the plugin runs in a private mount namespace
   (`unshare -m`) where the simulated machine's `/proc/driver` is bind-mounted over `/proc/driver`, and over
   `/proc/devices` the host's with the simulated driver's majors added (`node_proc_devices`: the simulated file lists
-  only the NVIDIA majors and no `Block devices:` section, which the plugin's parser requires after them).
+  only the NVIDIA majors and no `Block devices:` section, which the plugin's parser requires after them). Without
+  either its MIG prepare fails writing the CDI spec (no such capability file; "error parsing '/proc/devices'").
 """
 
 from __future__ import annotations
