@@ -31,6 +31,7 @@ def _table(out: str) -> tuple[list[str], list[list[str]], list[str]]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 and not REQUIRE, reason="NVIDIA's side needs root (mknod, mount namespace)")
+@pytest.mark.usefixtures("control_plane")  # skips where the control plane's binaries are not built
 def test_quick_run_has_nvidias_column_with_numbers() -> None:
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_prepare.py"), "--quick", "--sides", "ours,nvidia"],

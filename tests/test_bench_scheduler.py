@@ -68,6 +68,7 @@ def test_nvidias_slices_are_captured_once_and_replicated_per_node(
     ]  # captured once per server version and layout
 
 
+@pytest.mark.usefixtures("control_plane")  # skips where the control plane's binaries are not built
 def test_nvidias_slices_schedule_a_tiny_run(bench: ModuleType, tmp_path: Path) -> None:
     """A row of NVIDIA's DynamicMIG slices: the MIG mix (1g.10gb, whole GPUs, 3g.40gb) bound on two nodes."""
     r = bench.run_layout(PublishMode.PARTITIONABLE, "MIG mix", 2, 4, tmp_path, nvidia=True)
