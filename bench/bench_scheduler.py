@@ -10,13 +10,21 @@ created at once and timed until every one is bound (spec.nodeName set).
 With --extended: whole GPUs asked for by a claim of the pod's, and by `nvidia.com/gpu: 1` in its limits as written
 for NVIDIA's device plugin (the scheduler creates the claim), side by side on the static and partitionable layouts.
 
+NVIDIA's slices: for the static and partitionable layouts, the same workload on the slices NVIDIA's own kubelet
+plugin (gpu-kubelet-plugin v0.5.0, tests/nvidia_driver.py) publishes for one simulated dgx-h100 node with its default
+gates (whole GPUs, no counters: beside our static) and with DynamicMIG (whole GPUs and every MIG partition with
+counters: beside our partitionable), captured once per Kubernetes version from the real plugin against that version's
+API server and replicated for every bench node (node and pool renamed), with NVIDIA's chart's DeviceClasses
+(gpu.nvidia.com, mig.nvidia.com; a MIG profile selected in the claim's request). Rows `NVIDIA default` and
+`NVIDIA DynamicMIG`, each run right after ours for the same layout (`--no-nvidia` leaves them out).
+
 With --numa: pods with one claim of four whole GPUs, with and without `matchAttribute` on the GPUs' NUMA node
 (`numaNode`: a DGX H100 has four GPUs per NUMA node), two pods per node, on the static layout.
 
 Each Kubernetes version (`--k8s`: the primary one and each of the matrix by default) in control planes of its own.
 
 Run: python bench/bench_scheduler.py [--quick | --extended | --numa | --layouts L,...] [--nodes N]
-[--pods-per-node K | --pods P] [--k8s primary,v1.36.3]. Prints one table.
+[--pods-per-node K | --pods P] [--k8s primary,v1.36.3] [--no-nvidia]. Prints one table.
 """
 
 from __future__ import annotations
@@ -46,6 +54,16 @@ from tests.cluster.controlplane import (
 )
 from tests.test_allocbench import class_name, classes, fleet
 from tests.test_publisher import api_client
+
+NVIDIA_DRIVER = "gpu.nvidia.com"  # tests/nvidia_driver.py's, not imported: it needs the simulator's library build
+# NVIDIA's gates for its counterpart of each of our layouts, and the name of its rows
+NVIDIA_LAYOUTS = {
+    PublishMode.STATIC: ({}, "NVIDIA default"),
+    PublishMode.PARTITIONABLE: ({"DynamicMIG": True}, "NVIDIA DynamicMIG"),
+}
+NVIDIA_WORKLOADS = ("whole GPUs", "MIG mix")  # claims that say what they want in NVIDIA's attributes too
+_CAPTURE_NODE = "nvidia-capture"
+_captured: dict[tuple[str, PublishMode], str] = {}  # (server version, layout) -> one node's slices, NODE-NAME in them
 
 NS = "default"
 SCHEDULE_TIMEOUT_S = 600.0
@@ -127,6 +145,63 @@ def claim_and_pod(i: int, cls: str, workload: str, minor: int) -> tuple[dict[str
     return claim, pod
 
 
+def nvidia_classes() -> list[dict[str, Any]]:
+    """NVIDIA's chart's DeviceClasses for GPUs (deployments/helm/.../deviceclass-gpu.yaml, deviceclass-mig.yaml)."""
+    return [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"{kind}.nvidia.com"},
+         "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{NVIDIA_DRIVER}' && "
+                                                       f"device.attributes['{NVIDIA_DRIVER}'].type == '{kind}'"}}]}}
+        for kind in ("gpu", "mig")
+    ]  # fmt: skip
+
+
+def nvidia_claim(claim: dict[str, Any], cls: str) -> dict[str, Any]:
+    """The same claim for NVIDIA's slices: its class, and a MIG profile as a selector of the request."""
+    (request,) = claim["spec"]["devices"]["requests"]
+    exactly = request["exactly"]
+    if cls == "gpu":
+        exactly["deviceClassName"] = "gpu.nvidia.com"
+    else:
+        profile = cls.removeprefix("mig-")
+        exactly["deviceClassName"] = "mig.nvidia.com"
+        exactly["selectors"] = [{"cel": {"expression": f"device.attributes['{NVIDIA_DRIVER}'].profile == '{profile}'"}}]
+    for constraint in claim["spec"]["devices"].get("constraints") or []:
+        constraint["matchAttribute"] = constraint["matchAttribute"].replace(DEFAULT_DRIVER_NAME, NVIDIA_DRIVER)
+    return claim
+
+
+def capture_nvidia_slices(cp: ControlPlane, mode: PublishMode, work: Path) -> str:
+    """The slices NVIDIA's plugin publishes for one simulated dgx-h100 node with the gates of its counterpart of
+    `mode`, against `cp`'s API server (once per server version and layout): as JSON with the node's name (and so its
+    pool's) written NODE-NAME, and without what the server set (names, uids, owner, versions)."""
+    from dra_driver.simulator.nvml import SimulatedNvml
+    from tests.nvidia_driver import NvidiaKubeletPlugin
+
+    key = (cp.server_version(), mode)
+    if key not in _captured:
+        gates, _ = NVIDIA_LAYOUTS[mode]
+        sim = SimulatedNvml("dgx-h100", work / f"nvidia-{mode.value}" / "machine")
+        cp.create_node(_CAPTURE_NODE)
+        try:
+            with NvidiaKubeletPlugin(cp, sim, _CAPTURE_NODE, work / f"nvidia-{mode.value}" / "plugin",
+                                     feature_gates=gates) as plugin:  # fmt: skip
+                published = plugin.wait_published()
+        finally:
+            cp.delete_node(_CAPTURE_NODE)
+        stripped = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                     "metadata": {"name": f"NODE-NAME-{NVIDIA_DRIVER}-{i}"}, "spec": s["spec"]}
+                    for i, s in enumerate(published)]  # fmt: skip
+        _captured[key] = json.dumps(stripped).replace(f'"{_CAPTURE_NODE}"', '"NODE-NAME"')
+    return _captured[key]
+
+
+def nvidia_fleet(cp: ControlPlane, nodes: int, mode: PublishMode, work: Path) -> tuple[list[str], list[Any]]:
+    """Node names and NVIDIA's slices for that many nodes, as `fleet` gives ours: one node's, renamed."""
+    names = [f"node-{i:03d}" for i in range(nodes)]
+    one = capture_nvidia_slices(cp, mode, work)
+    return names, [s for name in names for s in json.loads(one.replace("NODE-NAME", name))]
+
+
 def bound(api: Any) -> int:
     from kubernetes import client
 
@@ -176,20 +251,33 @@ class Metrics:
 
 
 def run_layout(
-    mode: PublishMode, workload: str, nodes: int, pods: int, tmp: Path, version: str | None = None
+    mode: PublishMode,
+    workload: str,
+    nodes: int,
+    pods: int,
+    tmp: Path,
+    version: str | None = None,
+    nvidia: bool = False,
 ) -> dict[str, Any]:
+    """One row: our slices for `mode` (the layout that version's users get), or with `nvidia` NVIDIA's for its
+    counterpart (NVIDIA_LAYOUTS), on `nodes` nodes, `pods` pods of `workload`, in a control plane of its own."""
     k8s_version = version or primary_version()
-    names, slices = fleet(nodes, tmp, mode, k8s_version)  # the layout that version's users get
+    if nvidia and (mode not in NVIDIA_LAYOUTS or workload not in NVIDIA_WORKLOADS):
+        raise ValueError(f"no NVIDIA counterpart of {mode.value} with {workload}")
 
     kinds = WORKLOADS[workload]
     # a version of the matrix with the gates its users turn on for these layouts (alpha before 1.36)
     with ControlPlane(version=version, feature_gates=LAYOUT_GATES if version else None,
                       runtime_config=layout_runtime_config(version)) as cp:  # fmt: skip
         server = cp.server_version()
+        if nvidia:  # captured before the clock and the bench nodes: its plugin publishes for a node of its own
+            names, slices = nvidia_fleet(cp, nodes, mode, tmp)
+        else:
+            names, slices = fleet(nodes, tmp, mode, k8s_version)
         api = api_client(cp.kubeconfig)
         metrics = Metrics(cp)
         create_nodes(api, names)
-        create_all(api, "deviceclasses", classes(), namespaced=False)
+        create_all(api, "deviceclasses", nvidia_classes() if nvidia else classes(), namespaced=False)
         t = time.monotonic()
         create_all(api, "resourceslices", slices, namespaced=False)
         publish_s = time.monotonic() - t
@@ -197,6 +285,8 @@ def run_layout(
             to_create = [extended_resource_pod(i, "nvidia.com/gpu") for i in range(pods)]
         else:
             pairs = [claim_and_pod(i, kinds[i % len(kinds)], workload, parse_minor(k8s_version)) for i in range(pods)]
+            if nvidia:
+                pairs = [(nvidia_claim(c, kinds[i % len(kinds)]), p) for i, (c, p) in enumerate(pairs)]
             create_all(api, "resourceclaims", [c for c, _ in pairs], namespaced=True)
             to_create = [p for _, p in pairs]
         time.sleep(2.0)  # the scheduler's informers catch up with the slices and claims before the clock starts
@@ -217,7 +307,8 @@ def run_layout(
     for key in METRICS:
         d_sum, d_count = after[key][0] - before[key][0], after[key][1] - before[key][1]
         mean[key] = (1000 * d_sum / d_count if d_count else float("nan"), int(d_count))
-    return {"kubernetes": server, "layout": mode.value, "workload": workload, "devices": devices,
+    layout = NVIDIA_LAYOUTS[mode][1] if nvidia else mode.value
+    return {"kubernetes": server, "layout": layout, "workload": workload, "devices": devices,
             "slices": len(slices) // nodes, "pods": pods, "bound": done, "seconds": elapsed, "create_s": created_s,
             "publish_s": publish_s, "mean": mean}  # fmt: skip
 
@@ -235,6 +326,9 @@ def main() -> None:
     parser.add_argument("--extended", action="store_true",
                         help=f"whole GPUs asked for by a claim vs by {EXTENDED}, on the static and partitionable "
                              "layouts")  # fmt: skip
+    parser.add_argument("--no-nvidia", action="store_true",
+                        help="leave out the rows of NVIDIA's slices (its default gates beside static, DynamicMIG "
+                             "beside partitionable)")  # fmt: skip
     parser.add_argument(
         "--numa", action="store_true", help="four-GPU claims with and without matchAttribute on numaNode, two per node"
     )
@@ -263,8 +357,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for version in versions:
-            for mode, workload in cases:  # a row as soon as it is measured: a layout takes minutes on a busy machine
-                r = run_layout(mode, workload, nodes, pods, Path(tmp), version)
+            runs = []
+            for mode, workload in cases:  # NVIDIA's slices right after ours for the same layout and workload
+                runs.append((mode, workload, False))
+                if not args.no_nvidia and mode in NVIDIA_LAYOUTS and workload in NVIDIA_WORKLOADS:
+                    runs.append((mode, workload, True))
+            for mode, workload, nvidia in runs:  # a row as soon as it is measured: a layout takes minutes
+                r = run_layout(mode, workload, nodes, pods, Path(tmp), version, nvidia=nvidia)
                 m = r["mean"]
                 print(f"| {r['kubernetes']} | {r['layout']} | {r['workload']} | {r['devices']} | {r['slices']} "
                       f"| {r['bound']}/{r['pods']} "

@@ -15,6 +15,7 @@ from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.devices import PublishMode
 from dra_driver.slices.limits import limits_for
 from dra_driver.slices.validation import validate_pool
+from tests.cluster.controlplane import ControlPlane
 from tests.test_allocbench import fleet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,3 +44,32 @@ def test_the_fleet_has_the_layout_and_names_of_the_version_it_is_measured_on(
     name = constraint["matchAttribute"].removeprefix(f"{DEFAULT_DRIVER_NAME}/")  # as the slices spell our own
     gpus = [d for s in slices for d in s["spec"].get("devices") or [] if d["attributes"]["type"]["string"] == "gpu"]
     assert gpus and all(name in d["attributes"] for d in gpus), constraint
+
+
+@pytest.mark.parametrize(("mode", "devices"), [(PublishMode.STATIC, 8), (PublishMode.PARTITIONABLE, 208)])
+def test_nvidias_slices_are_captured_once_and_replicated_per_node(
+    bench: ModuleType, control_plane: ControlPlane, tmp_path: Path, mode: PublishMode, devices: int
+) -> None:
+    """The side "NVIDIA's slices": what its plugin publishes for one simulated dgx-h100 (default gates beside our
+    static, DynamicMIG beside partitionable), renamed for each bench node."""
+    names, slices = bench.nvidia_fleet(control_plane, 2, mode, tmp_path)
+    assert names == ["node-000", "node-001"]
+    for name in names:
+        mine = [s for s in slices if s["spec"]["nodeName"] == name]
+        assert mine and all(s["spec"]["pool"]["name"] == name for s in mine)
+        assert all(s["spec"]["driver"] == bench.NVIDIA_DRIVER for s in mine)
+        assert all(s["spec"]["pool"]["resourceSliceCount"] == len(mine) for s in mine)
+        assert sum(len(s["spec"].get("devices") or []) for s in mine) == devices
+        assert bool([s for s in mine if s["spec"].get("sharedCounters")]) == (mode == PublishMode.PARTITIONABLE)
+    assert len({s["metadata"]["name"] for s in slices}) == len(slices)
+    assert all(set(s["metadata"]) == {"name"} for s in slices)  # no uid, owner or version of the captured ones
+    assert bench.nvidia_fleet(control_plane, 1, mode, tmp_path / "again")[1] == [
+        s for s in slices if s["spec"]["nodeName"] == "node-000"
+    ]  # captured once per server version and layout
+
+
+@pytest.mark.usefixtures("control_plane")  # skips where the control plane's binaries are not built
+def test_nvidias_slices_schedule_a_tiny_run(bench: ModuleType, tmp_path: Path) -> None:
+    """A row of NVIDIA's DynamicMIG slices: the MIG mix (1g.10gb, whole GPUs, 3g.40gb) bound on two nodes."""
+    r = bench.run_layout(PublishMode.PARTITIONABLE, "MIG mix", 2, 4, tmp_path, nvidia=True)
+    assert (r["layout"], r["devices"], r["bound"], r["pods"]) == ("NVIDIA DynamicMIG", 208, 4, 4)

@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,8 @@ from dra_driver.nvml.discovery import discover as discover_gpus
 from dra_driver.simulator.driverroot import ensure_driver_root, ldconfig_entries, library_dir, multiarch
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.libnvml_support import REQUIRE, simulated_library
+from tests.nvidia_driver import MODESET as NVIDIA_MODESET
+from tests.nvidia_driver import make_device_nodes
 from tests.nvidia_tools import nvidia_tool
 from tests.simhelpers import create_full_ci, create_gi
 from tests.test_cdi import _validate, cdivalidate  # noqa: F401  (the session fixture that builds the validator)
@@ -332,18 +333,7 @@ def test_the_container_loader_finds_libcuda_through_the_soname_mount(tmp_path: P
 
 
 HOOK = "/usr/local/nvidia/bin/nvidia-cdi-hook"
-MODESET = ("/dev/nvidia-modeset", 195, 254)  # nvidia-modeset.ko's node, present wherever that module is loaded
-
-
-def _make_dev_root(dev: Path, nodes: list[CharDevice]) -> None:
-    """The device nodes the kernel driver makes, under `dev` (nvidia-ctk accepts only character devices there)."""
-    for node in nodes:
-        path = dev / node.path.removeprefix("/dev/")
-        if path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.mknod(path, node.file_mode | stat.S_IFCHR, os.makedev(node.major, node.minor))
-        os.chmod(path, node.file_mode)
+MODESET = (NVIDIA_MODESET.path, NVIDIA_MODESET.major, NVIDIA_MODESET.minor)
 
 
 def _nvidia_ctk_generate(sim: SimulatedNvml, dev_root: Path, out: Path, *, mig: bool) -> dict[str, Any]:
@@ -417,9 +407,8 @@ def test_matches_nvidia_ctk_on_a_simulated_node(tmp_path: Path, mig: bool) -> No
             ours_nodes[m.uuid] = gpu_nodes(sim.proc_root, g.minor) + caps
     assert len(ours_nodes) == (9 if mig else 8)
     dev_root = tmp_path / "machine"  # nvidia-ctk looks under <dev root>/dev
-    modeset = CharDevice(MODESET[0], MODESET[1], MODESET[2], 0o666)
     all_nodes = [gpu_nodes(sim.proc_root, g.minor) for g in inventory.gpus] + list(ours_nodes.values())
-    _make_dev_root(dev_root / "dev", [n for nodes in all_nodes for n in nodes] + [modeset])
+    make_device_nodes(dev_root / "dev", [n for nodes in all_nodes for n in nodes] + [NVIDIA_MODESET])
 
     spec = _nvidia_ctk_generate(sim, dev_root, tmp_path / "nvidia.json", mig=mig)
     theirs = spec["containerEdits"]

@@ -82,8 +82,16 @@ class RefPlugin:
             self.registry_dir.rmdir()
 
 
-def allocated_claims(api: Any, node: str, devices: Sequence[Sequence[str]], prefix: str) -> list[ClaimRef]:
-    """One claim per entry, allocated on `node` (pool = node) to those devices of DRIVER; status written directly
+def allocated_claims(
+    api: Any,
+    node: str,
+    devices: Sequence[Sequence[str]],
+    prefix: str,
+    *,
+    driver: str = DRIVER,
+    device_class: str = "bench.dra-driver.dev",
+) -> list[ClaimRef]:
+    """One claim per entry, allocated on `node` (pool = node) to those devices of `driver`; status written directly
     (no scheduler), as the kubelet would find it."""
     from kubernetes import client
 
@@ -96,10 +104,10 @@ def allocated_claims(api: Any, node: str, devices: Sequence[Sequence[str]], pref
             "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": NS},
             "spec": {"devices": {"requests": [
-                {"name": f"r{k}", "exactly": {"deviceClassName": "bench.dra-driver.dev"}} for k in range(len(names))]}},
+                {"name": f"r{k}", "exactly": {"deviceClassName": device_class}} for k in range(len(names))]}},
         }  # fmt: skip
         created = objects.create_namespaced_custom_object("resource.k8s.io", "v1", NS, "resourceclaims", body)
-        results = [{"request": f"r{k}", "driver": DRIVER, "pool": node, "device": d} for k, d in enumerate(names)]
+        results = [{"request": f"r{k}", "driver": driver, "pool": node, "device": d} for k, d in enumerate(names)]
         created["status"] = {"allocation": {"devices": {"results": results}}}
         objects.replace_namespaced_custom_object_status("resource.k8s.io", "v1", NS, "resourceclaims", name, created)
         refs.append(ClaimRef(namespace=NS, name=name, uid=created["metadata"]["uid"]))
