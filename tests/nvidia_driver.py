@@ -158,8 +158,13 @@ class NvidiaKubeletPlugin:
         consumable_shares: str = "disabled",
         verbosity: int = 4,
         node_files: bool = False,
+        kubelet_dir: Path | None = None,
+        cdi_root: Path | None = None,
     ) -> None:
         self.cp, self.sim, self.node, self.work_dir = cp, sim, node, work_dir
+        # On a real node: the kubelet's root dir (its plugins/ and plugins_registry/, where it finds the plugin) and
+        # the container runtime's CDI directory, instead of directories of its own that nobody reads.
+        self.kubelet_dir, self._cdi_root = kubelet_dir, cdi_root
         self.feature_gates = dict(feature_gates or {})
         self.consumable_shares = consumable_shares
         self.verbosity = verbosity
@@ -174,15 +179,17 @@ class NvidiaKubeletPlugin:
 
     @property
     def plugins_dir(self) -> Path:
-        return self.socket_dir / "plugins"  # the plugin's data (checkpoint) and DRA socket: <dir>/gpu.nvidia.com/
+        # the plugin's data (checkpoint) and DRA socket: <dir>/gpu.nvidia.com/
+        return (self.kubelet_dir or self.socket_dir) / "plugins"
 
     @property
     def registry_dir(self) -> Path:
-        return self.socket_dir / "plugins_registry"  # gpu.nvidia.com-reg.sock, where a kubelet would find it
+        # gpu.nvidia.com-reg.sock, where a kubelet would find it
+        return (self.kubelet_dir or self.socket_dir) / "plugins_registry"
 
     @property
     def cdi_root(self) -> Path:
-        return self.work_dir / "cdi"
+        return self._cdi_root or self.work_dir / "cdi"
 
     def args(self) -> list[str]:
         driver_root = str(self.sim.driver_root)
@@ -258,9 +265,13 @@ class NvidiaKubeletPlugin:
             proc.wait(timeout=30)
 
     def cleanup(self) -> None:
-        """Remove the socket directories (and the checkpoint in them); the work dir stays for its log."""
+        """Remove the socket directories (and the checkpoint in them), on a kubelet's only the plugin's own; the work
+        dir stays for its log."""
         self.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self.kubelet_dir is not None:
+            shutil.rmtree(self.plugins_dir / DRIVER, ignore_errors=True)
+            (self.registry_dir / f"{DRIVER}-reg.sock").unlink(missing_ok=True)
 
     def log_tail(self, lines: int = _LOG_TAIL) -> str:
         try:

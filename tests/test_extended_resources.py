@@ -43,9 +43,9 @@ def publish(cp: ControlPlane, node: str, tmp: Path) -> None:
     cp.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
 
-def placed(cp: ControlPlane, name: str) -> dict[str, Any]:
+def placed(cp: ControlPlane, name: str, namespace: str = NS) -> dict[str, Any]:
     def bound() -> dict[str, Any] | None:
-        p = cp.kubectl_json("get", "pod", name, "-n", NS)
+        p = cp.kubectl_json("get", "pod", name, "-n", namespace)
         return p if p["spec"].get("nodeName") else None
 
     return dict(wait_until(f"pod {name} bound", bound, timeout=60))

@@ -28,9 +28,12 @@ from tests.cluster import images
 from tests.cluster.node import Node
 from tests.nvidia_device_plugin import RESOURCE, NvidiaDevicePlugin
 from tests.polling import wait_until
+from tests.test_extended_resources import GROUP, ROOT, placed, publish
 
 LEAVES_NODE_UNFIT = True
 NS = "nvidia"
+DRA_NODE = "nvidia-mixed-dra"  # kubelet-less, publishing our slices
+DEVICE_CLASS = ROOT / "deviceclasses" / "gpu.yaml"  # extendedResourceName: nvidia.com/gpu
 
 
 def one_gpu_machine(state: Path) -> SimulatedNvml:
@@ -122,3 +125,50 @@ def test_the_device_plugins_time_slicing_runs_four_pods_on_one_gpu(node: Node, t
             node.cp.kubectl(
                 "delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=120s", timeout=180, check=False
             )
+
+
+def test_the_device_plugins_node_keeps_its_pods_and_a_dra_node_takes_the_rest(node: Node, tmp_path: Path) -> None:
+    """The device-plugin node of the mixed cluster (tests/test_extended_resources.py) made real: this node with
+    NVIDIA's device plugin on a one-GPU machine, beside a kubelet-less node publishing this driver's slices, with
+    the DeviceClass whose extendedResourceName is `nvidia.com/gpu` (deviceclasses/gpu.yaml). A pod asking for
+    `nvidia.com/gpu: 1` runs on the device plugin's GPU, no claim made; once it is taken, the next such pod of the
+    same group is served by DRA on the other node, through a claim the scheduler makes."""
+    cp = node.cp
+    sim = one_gpu_machine(tmp_path / "machine")
+    (uuid,) = sim.gpu_uuids
+    cp.kubectl("apply", "-f", str(DEVICE_CLASS))
+    ((label, value),) = GROUP.items()
+    cp.kubectl("label", "node", node.name, f"{label}={value}", "--overwrite")
+    try:
+        with NvidiaDevicePlugin(sim, tmp_path / "device-plugin") as plugin:
+            wait_until(f"{RESOURCE}: 1 on the node", lambda: allocatable(node, RESOURCE) == "1", timeout=60)
+            first = workload_pod("first", {RESOURCE: 1})
+            first["spec"]["nodeSelector"] = GROUP
+            cp.kubectl("create", "-f", "-", input=json.dumps(first))
+            wait_until("first Running", lambda: phase(node, "first")["status"].get("phase") == "Running", 90)
+            ran = phase(node, "first")
+            assert ran["spec"]["nodeName"] == node.name and "extendedResourceClaimStatus" not in ran["status"]
+            assert json.loads(images.shown_lines(cp, "first", NS)[-1])["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid
+            # the device plugin's one GPU is taken: the group's next pod goes to the DRA node
+            cp.create_node(DRA_NODE, labels=GROUP)
+            publish(cp, DRA_NODE, tmp_path)
+            second = workload_pod("second", {RESOURCE: 1})
+            second["spec"]["nodeSelector"] = GROUP
+            cp.kubectl("create", "-f", "-", input=json.dumps(second))
+            bound = placed(cp, "second", NS)
+            assert bound["spec"]["nodeName"] == DRA_NODE
+            status = bound["status"]["extendedResourceClaimStatus"]
+            claim = cp.kubectl_json("get", "resourceclaim", status["resourceClaimName"], "-n", NS)
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert (result["driver"], result["pool"]) == ("gpu.dra-driver.dev", DRA_NODE)
+            assert plugin.alive() and plugin.problems() == [], plugin.log()[-4000:]
+    finally:
+        # the pod bound to the kubelet-less node has no kubelet to confirm its end: forced, and the node deleted
+        cp.kubectl(
+            "delete", "pod", "second", "-n", NS, "--force", "--grace-period=0", "--ignore-not-found", check=False
+        )
+        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={DRA_NODE}", check=False)
+        cp.kubectl("delete", "node", DRA_NODE, "--ignore-not-found", "--wait=false")
+        cp.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=120s", timeout=180, check=False)
+        cp.kubectl("delete", "-f", str(DEVICE_CLASS), "--ignore-not-found", check=False)
+        cp.kubectl("label", "node", node.name, f"{label}-", check=False)
