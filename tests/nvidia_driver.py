@@ -1,9 +1,10 @@
 """NVIDIA's own DRA driver (its gpu-kubelet-plugin, sigs.k8s.io/dra-driver-nvidia-gpu v0.5.0, built from its Go module
 by scripts/build-nvidia-tools.sh) run as a host process against a real control plane (tests.cluster.controlplane), for
 a Node the test created, on a simulated machine's driver root: it loads the simulated libnvidia-ml.so.1 from there, as
-it loads the real one from the host's driver root, and publishes its ResourceSlices. There is no kubelet: its plugin
+it loads the real one from the host's driver root, and publishes its ResourceSlices. Without a kubelet, its plugin
 and registration sockets lie in temporary directories where a test's kubelet stand-in (dra_driver.plugin.grpc.kubelet)
-registers it and calls NodePrepareResources, as the kubelet would.
+registers it and calls NodePrepareResources, as the kubelet would; on the real node (`kubelet_dir=`, `cdi_root=`) they
+lie where the real kubelet finds them, and its CDI specs where containerd reads them (tests/test_real_nvidia_dra.py).
 
 What the plugin needs from the machine, and where it finds it here:
 - `libnvidia-ml.so.1` under `--nvidia-driver-root` (its root.go searches the library directories of the root): the
