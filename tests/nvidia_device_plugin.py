@@ -20,7 +20,7 @@ from typing import Any
 
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.libnvml_support import simulated_library
-from tests.nvidia_tools import nvidia_tool
+from tests.nvidia_tools import nvidia_tool, stop
 
 PLUGIN = "nvidia-device-plugin"
 RESOURCE = "nvidia.com/gpu"
@@ -75,14 +75,7 @@ class NvidiaDevicePlugin:
 
     def __exit__(self, *exc: object) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop(proc)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

@@ -52,7 +52,7 @@ from dra_driver.cdi.devnodes import CharDevice, char_majors, gpu_nodes
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.cluster.controlplane import ControlPlane
 from tests.libnvml_support import simulated_library
-from tests.nvidia_tools import nvidia_tool
+from tests.nvidia_tools import nvidia_tool, stop
 
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-kubelet-plugin"
@@ -256,14 +256,7 @@ class NvidiaKubeletPlugin:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop(proc)
 
     def cleanup(self) -> None:
         """Remove the socket directories (and the checkpoint in them), on a kubelet's only the plugin's own; the work

@@ -29,18 +29,7 @@ from tests.nvidia_driver import DRIVER as NVIDIA
 from tests.nvidia_driver import NvidiaKubeletPlugin
 from tests.nvidia_tools import nvidia_tool
 from tests.polling import wait_until
-from tests.test_real_pods import Cluster, deployed
-
-NS = "nvidia-dra"
-
-
-@pytest.fixture(scope="module")
-def node(real_node: Node) -> Iterator[Node]:
-    real_node.cp.kubectl("create", "namespace", NS)
-    try:
-        yield real_node
-    finally:
-        real_node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
+from tests.test_real_pods import NS, Cluster, deployed, pod
 
 
 def phase(node: Node, name: str) -> dict[str, Any]:
@@ -91,35 +80,20 @@ HEALTH_UNIMPLEMENTED = re.compile(
 )
 
 
-def view_pod(name: str, driver: str, device: str, node: str) -> list[dict[str, Any]]:
-    """A claim allocated to `device` of `driver`'s pool on `node` (status written, as a scheduler would: both drivers
-    get exactly the same allocation), and a pod of the driver's image that prints its view (VIEW) once."""
+def view_pod(name: str, driver: str) -> list[dict[str, Any]]:
+    """A claim for a device of `driver` (allocate() writes its allocation), and a pod of the driver's image that
+    prints its view (VIEW) once."""
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": NS},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"any.{driver}"}}]}},
     }
-    container = {
-        "name": "view",
-        "image": f"{IMAGE_REPOSITORY}:{chart_version()}",
-        "imagePullPolicy": "Never",
-        "command": ["python3", "-c", VIEW],
-        "resources": {"claims": [{"name": "gpu"}]},
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": False,
-            "restartPolicy": "Never",
-            "containers": [container],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-        },
-    }
-    return [claim, pod]
+    view = pod(name, claim_name=name)
+    (container,) = view["spec"]["containers"]
+    container.update(image=f"{IMAGE_REPOSITORY}:{chart_version()}", command=["python3", "-c", VIEW])
+    view["spec"]["restartPolicy"] = "Never"
+    return [claim, view]
 
 
 def allocate(cluster: Cluster, name: str, driver: str, device: str) -> None:
@@ -136,12 +110,20 @@ def allocate(cluster: Cluster, name: str, driver: str, device: str) -> None:
     cluster.cp.kubectl("replace", "--subresource=status", "-f", "-", input=json.dumps(claim))
 
 
-def prepared_view(cluster: Cluster, name: str, driver: str, device: str) -> tuple[dict[str, Any], list[Any]]:
-    """The container's view, and the MIG instances of the simulated machine while the claim is prepared."""
-    claim, pod = view_pod(name, driver, device, cluster.node.name)
+def prepared_view(
+    cluster: Cluster, plugin: NvidiaKubeletPlugin, name: str, driver: str, device: str
+) -> tuple[dict[str, Any], list[Any]]:
+    """The container's view, and the MIG instances of the simulated machine while the claim is prepared. Each wait
+    is bounded so that a stuck pod fails with what both drivers and the kubelet said, within the test's timeout."""
+    claim, view = view_pod(name, driver)
     cluster.cp.kubectl("create", "-f", "-", input=json.dumps(claim))
     allocate(cluster, name, driver, device)
-    cluster.cp.kubectl("create", "-f", "-", input=json.dumps(pod))
+    cluster.cp.kubectl("create", "-f", "-", input=json.dumps(view))
+
+    def diagnosis() -> str:
+        described = cluster.cp.kubectl("describe", "pod", name, "-n", NS, check=False).stdout
+        return f"{described[-3000:]}\n{cluster.release.logs()[-3000:]}\n{plugin.log_tail()}"
+
     try:
 
         def shown() -> str | None:
@@ -152,22 +134,25 @@ def prepared_view(cluster: Cluster, name: str, driver: str, device: str) -> tupl
             return out if out.endswith("}") or status["phase"] != "Running" else None
 
         try:
-            out = wait_until(f"pod {name} shows its view", shown, timeout=120, interval=1.0)
+            out = wait_until(f"pod {name} shows its view", shown, timeout=90, interval=1.0)
         except AssertionError:
             out = ""
-        described = cluster.cp.kubectl("describe", "pod", name, "-n", NS, check=False).stdout
-        assert out.endswith("}"), f"{out}\n{described[-3000:]}"
+        assert out.endswith("}"), f"{out}\n{diagnosis()}"
         instances = cluster.mig_instances()  # while the pod runs: the claim is prepared
     finally:
-        cluster.cp.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
-        cluster.cp.kubectl("delete", "resourceclaim", name, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+        for kind in ("pod", "resourceclaim"):
+            gone = cluster.cp.kubectl("delete", kind, name, "-n", NS, "--wait=true", "--timeout=45s", check=False)
+            assert gone.returncode == 0, f"{kind} {name} not deleted: {gone.stderr}\n{diagnosis()}"
     return json.loads(out.splitlines()[-1]), instances
 
 
 @pytest.fixture(scope="module")
-def side_by_side(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, NvidiaKubeletPlugin]]:
+def side_by_side(
+    real_node: Node, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Cluster, NvidiaKubeletPlugin]]:
     """Our driver from its chart (MIG on demand, the 1.37 default) and NVIDIA's kubelet plugin with DynamicMIG, both
     on the node's simulated DGX H100 and registered with its kubelet."""
+    node = real_node
     # the class each claim names: any device of the driver (ours checks the class's selectors at prepare)
     classes = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"any.{driver}"},
                 "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
@@ -216,9 +201,9 @@ def compare(theirs: dict[str, Any], ours: dict[str, Any]) -> None:
 def test_a_whole_gpu_from_nvidias_driver_and_from_ours_looks_the_same_inside(
     side_by_side: tuple[Cluster, NvidiaKubeletPlugin],
 ) -> None:
-    cluster, _ = side_by_side
-    theirs, _ = prepared_view(cluster, "nvidia-gpu", NVIDIA, "gpu-3")
-    ours, _ = prepared_view(cluster, "ours-gpu", OURS, "gpu-3")
+    cluster, plugin = side_by_side
+    theirs, _ = prepared_view(cluster, plugin, "nvidia-gpu", NVIDIA, "gpu-3")
+    ours, _ = prepared_view(cluster, plugin, "ours-gpu", OURS, "gpu-3")
     compare(theirs, ours)
     assert ours["uuid"] == cluster.attribute("gpu-3", "uuid") and ours["mig_devices"] == []
     assert ("/dev/nvidia3", 195, 3) in {tuple(n) for n in ours["nodes"]}
@@ -229,10 +214,10 @@ def test_a_mig_partition_from_nvidias_driver_and_from_ours_is_the_same_instance_
 ) -> None:
     """The same device of both pools (names are the same: docs/comparison.md): a 1g.10gb at memory slice 3 of GPU 5,
     carved on demand by each, then destroyed."""
-    cluster, _ = side_by_side
+    cluster, plugin = side_by_side
     device = "gpu-5-mig-1g10gb-19-3"
-    theirs, nvidia_instances = prepared_view(cluster, "nvidia-mig", NVIDIA, device)
-    ours, our_instances = prepared_view(cluster, "ours-mig", OURS, device)
+    theirs, nvidia_instances = prepared_view(cluster, plugin, "nvidia-mig", NVIDIA, device)
+    ours, our_instances = prepared_view(cluster, plugin, "ours-mig", OURS, device)
     assert nvidia_instances == our_instances == [(5, 19, 3)]  # GPU 5, profile 1g.10gb, placement 3
     compare(theirs, ours)
     assert ours["uuid"] == cluster.attribute("gpu-5", "uuid") and len(ours["mig_devices"]) == 1

@@ -23,8 +23,10 @@ the machine.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,3 +107,36 @@ def socket_address(path: Path) -> tuple[str, int | None]:
         return str(path), None
     fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
     return f"/proc/self/fd/{fd}/{path.name}", fd
+
+
+def bind_listener(listener: socket.socket, path: Path, mode: int | None = None) -> int:
+    """Listen on `path` (whatever was there replaced: its owner is gone or being replaced), chmod `mode` when given;
+    the socket file's inode, by which the listener sees it replaced later."""
+    path.unlink(missing_ok=True)
+    address, fd = socket_address(path)
+    try:
+        listener.bind(address)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if mode is not None:
+        os.chmod(path, mode)
+    listener.listen(128)
+    return os.stat(path).st_ino
+
+
+def accept_until(
+    listener: socket.socket, should_stop: Callable[[], bool], serve: Callable[[socket.socket], None]
+) -> None:
+    """Each connection handed to `serve` (which must not block), until `should_stop` says so (asked once a second
+    while no connection comes)."""
+    listener.settimeout(1.0)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if should_stop():
+                return
+            continue
+        conn.settimeout(None)
+        serve(conn)

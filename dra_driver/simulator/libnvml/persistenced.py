@@ -42,6 +42,8 @@ from dra_driver.simulator.libnvml import (
     PERSISTENCED_LOCK_NAME,
     PERSISTENCED_LOG_NAME,
     SOCKET_NAME,
+    accept_until,
+    bind_listener,
     persistenced_socket,
     socket_address,
 )
@@ -127,28 +129,13 @@ class Relay:
     def listen(self) -> None:
         """Replace whatever inode is at the socket's path (the driver root's stand-in, a dead daemon's socket)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)
-        address, fd = socket_address(self.path)
-        try:
-            self.listener.bind(address)
-        finally:
-            if fd is not None:
-                os.close(fd)
-        os.chmod(self.path, 0o666)  # as the stand-in: any container user may connect
-        self.listener.listen(128)
-        self._inode = os.stat(self.path).st_ino
+        self._inode = bind_listener(self.listener, self.path, 0o666)  # as the stand-in: any container user may connect
 
     def run(self) -> None:
-        self.listener.settimeout(1.0)
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                if self._should_stop():
-                    return
-                continue
-            conn.settimeout(None)
-            threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+        accept_until(self.listener, self._should_stop, self._start_relay)
+
+    def _start_relay(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
 
     def _should_stop(self) -> bool:
         if not self.state_dir.is_dir():

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pynvml
 
-from dra_driver.simulator.libnvml import LOCK_NAME, SOCKET_NAME, read_machine, socket_address
+from dra_driver.simulator.libnvml import LOCK_NAME, SOCKET_NAME, accept_until, bind_listener, read_machine
 from dra_driver.simulator.libnvml.handlers import FUNCTIONS
 from dra_driver.simulator.libnvml.view import VIEW_FORMAT, VIEW_FUNCTION, ContainerView, call_in_view
 from dra_driver.simulator.libnvml.wire import WireError, decode_request, encode_answer, tokens
@@ -74,29 +74,15 @@ class Server:
 
     def listen(self) -> None:
         """Bind the socket: whoever started this server holds the start lock, so a socket file there is stale."""
-        self.socket_path.unlink(missing_ok=True)
-        address, fd = socket_address(self.socket_path)
-        try:
-            self.listener.bind(address)
-        finally:
-            if fd is not None:
-                os.close(fd)
-        self.listener.listen(128)
-        self._inode = os.stat(self.socket_path).st_ino
+        self._inode = bind_listener(self.listener, self.socket_path)
 
     def run(self) -> None:
-        self.listener.settimeout(1.0)
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                if self._should_stop():
-                    return
-                continue
-            conn.settimeout(None)
-            with self._lock:
-                self._active += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        accept_until(self.listener, self._should_stop, self._start_serving)
+
+    def _start_serving(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._active += 1
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         session = Session()
