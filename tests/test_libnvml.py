@@ -33,6 +33,7 @@ from dra_driver.simulator.libnvml import (
     STATE_ENV,
     persistenced,
     persistenced_socket,
+    socket_address,
 )
 from dra_driver.simulator.libnvml.build import SOURCE_DIR
 from dra_driver.simulator.libnvml.handlers import FUNCTIONS
@@ -562,7 +563,13 @@ def test_the_simulated_persistenced_relays_to_the_server(tmp_path: Path) -> None
         assert persistenced.running(sim.state_dir) == pid  # one per machine
         assert not (sim.state_dir / SOCKET_NAME).exists()  # no server until a call
         with socket.socket(socket.AF_UNIX) as conn:
-            conn.connect(str(persistenced_socket(sim.state_dir)))
+            # a pytest tmp path can be longer than sun_path: reached through its directory, as the library does
+            address, fd = socket_address(persistenced_socket(sim.state_dir))
+            try:
+                conn.connect(address)
+            finally:
+                if fd is not None:
+                    os.close(fd)
             for frame in (
                 request_bytes(VIEW_FUNCTION, "s", _text_field("gpus=3 caps=")),
                 request_bytes("nvmlDeviceGetCount", "o4", b"\x01"),
