@@ -31,9 +31,9 @@ from dra_driver.simulator.libnvml import (
     PERSISTENCED_LOG_NAME,
     SOCKET_NAME,
     STATE_ENV,
+    connect,
     persistenced,
     persistenced_socket,
-    socket_address,
 )
 from dra_driver.simulator.libnvml.build import SOURCE_DIR
 from dra_driver.simulator.libnvml.handlers import FUNCTIONS
@@ -562,14 +562,8 @@ def test_the_simulated_persistenced_relays_to_the_server(tmp_path: Path) -> None
         sim.start_persistenced()
         assert persistenced.running(sim.state_dir) == pid  # one per machine
         assert not (sim.state_dir / SOCKET_NAME).exists()  # no server until a call
-        with socket.socket(socket.AF_UNIX) as conn:
-            # a pytest tmp path can be longer than sun_path: reached through its directory, as the library does
-            address, fd = socket_address(persistenced_socket(sim.state_dir))
-            try:
-                conn.connect(address)
-            finally:
-                if fd is not None:
-                    os.close(fd)
+        # connect(): a pytest tmp path can be longer than sun_path; reached through its directory, as the library does
+        with connect(persistenced_socket(sim.state_dir)) as conn:
             for frame in (
                 request_bytes(VIEW_FUNCTION, "s", _text_field("gpus=3 caps=")),
                 request_bytes("nvmlDeviceGetCount", "o4", b"\x01"),

@@ -109,6 +109,24 @@ def socket_address(path: Path) -> tuple[str, int | None]:
     return f"/proc/self/fd/{fd}/{path.name}", fd
 
 
+def connect(path: Path, timeout: float | None = None) -> socket.socket:
+    """A stream connection to the socket at `path`, however long the path (socket_address); OSError if nobody
+    listens there. `timeout` bounds the connect only."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, fd = socket_address(path)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+        sock.settimeout(None)
+        return sock
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def bind_listener(listener: socket.socket, path: Path, mode: int | None = None) -> int:
     """Listen on `path` (whatever was there replaced: its owner is gone or being replaced), chmod `mode` when given;
     the socket file's inode, by which the listener sees it replaced later."""

@@ -44,8 +44,8 @@ from dra_driver.simulator.libnvml import (
     SOCKET_NAME,
     accept_until,
     bind_listener,
+    connect,
     persistenced_socket,
-    socket_address,
 )
 
 READY_TIMEOUT_S = 120.0  # a cold Python start on a loaded machine, as the library allows its server
@@ -55,19 +55,10 @@ log = logging.getLogger("dra_driver.simulator.libnvml.persistenced")
 
 
 def _connect(path: Path, timeout: float | None = None) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address, fd = socket_address(path)
     try:
-        sock.settimeout(timeout)
-        sock.connect(address)
-        sock.settimeout(None)
-        return sock
+        return connect(path, timeout)
     except OSError:
-        sock.close()
         return None
-    finally:
-        if fd is not None:
-            os.close(fd)
 
 
 def _python_command(module: str, *args: str) -> list[str]:
