@@ -15,7 +15,7 @@ from typing import Any
 
 from tests.alloc_generator import Scenario
 from tests.gotools import pinned
-from tests.test_allocbench import build_allocbench, run_go, run_ours
+from tests.test_allocbench import build_allocbench, run_go_many, run_ours
 
 SEEDS = range(1, 161)
 CLAIMS = 8
@@ -66,12 +66,15 @@ def _differential(
     disagreements: list[str] = []
     exercised: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
+    inputs = []
     for seed in SEEDS:
         inp = Scenario(seed, lists=lists).input(CLAIMS)
         if gate is not None:
             inp["features"]["ListTypeAttributes"] = gate
+        inputs.append(inp)
+    for seed, inp, got in zip(SEEDS, inputs, run_go_many(binary, inputs, timeout=600), strict=True):
         exercised += _features(inp)
-        go, _ = run_go(binary, inp, timeout=60)
+        go = got["results"]
         ours, _ = run_ours(inp)
         outcomes += _outcomes(go)
         for a, b in zip(ours, go, strict=True):

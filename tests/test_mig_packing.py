@@ -18,7 +18,7 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as D
 from dra_driver.slices.builder import build_slices
 from dra_driver.slices.devices import PublishMode
-from tests.test_allocbench import build_allocbench, run_go
+from tests.test_allocbench import build_allocbench, run_go_many
 
 MACHINE_OF = {  # a simulated machine with the product, and its NVML index there
     "a100-sxm4-40gb": ("dgx-a100", 0),
@@ -78,7 +78,15 @@ def test_every_way_to_fill_a_gpu_is_allocatable_and_full(key: str, tmp_path: Pat
         too_many = packing_claim(key, gpu.uuid, [*shapes, (1, 1)])
         ours = [Allocator(slices, [MIG_CLASS]).allocate([c], "n") is not None for c in (full, too_many)]
         assert ours == [True, False], (key, packing)
-        go, _ = run_go(binary, {"slices": slices, "classes": [MIG_CLASS], "claims": [full, too_many], "nodes": ["n"]})
         # allocbench allocates the claims one after the other: the second finds the GPU full either way
-        alone, _ = run_go(binary, {"slices": slices, "classes": [MIG_CLASS], "claims": [too_many], "nodes": ["n"]})
+        go, alone = (
+            out["results"]
+            for out in run_go_many(
+                binary,
+                [
+                    {"slices": slices, "classes": [MIG_CLASS], "claims": claims, "nodes": ["n"]}
+                    for claims in ([full, too_many], [too_many])
+                ],
+            )
+        )
         assert [bool(go[0].get("node")), bool(alone[0].get("node"))] == [True, False], (key, packing, json.dumps(go))

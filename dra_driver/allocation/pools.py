@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 from dra_driver.allocation.quantities import parse
@@ -44,7 +45,7 @@ class PoolDevice:
     allow_multiple: bool
     _cel: CelDevice | None = None
 
-    @property
+    @cached_property  # the allocator's search asks millions of times
     def key(self) -> tuple[str, str, str]:
         return (self.driver, self.pool, self.name)
 

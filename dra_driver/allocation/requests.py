@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from dra_driver.allocation.pools import PoolDevice
 from dra_driver.api.claim import DeviceSubRequest, ResourceClaim
@@ -28,11 +29,11 @@ class RequestData:
     def full_name(self) -> str:
         return f"{self.request}/{self.sub}" if self.sub else self.request
 
-    @property
+    @cached_property  # the allocator's search asks millions of times
     def key(self) -> tuple[int, int, int]:
         return (self.claim_index, self.request_index, self.sub_index)
 
-    @property
+    @cached_property
     def admin(self) -> bool:
         return bool(self.spec.admin_access)
 

@@ -26,6 +26,14 @@ def state_dir_of(script: str) -> Path:
 
 def main(tool: str, argv: list[str]) -> int:
     state_dir = state_dir_of(argv[0])
+    from dra_driver.simulator.tools import forkserver
+
+    code = forkserver.run(tool, argv, state_dir)
+    return run_directly(tool, argv, state_dir) if code is None else code
+
+
+def run_directly(tool: str, argv: list[str], state_dir: Path) -> int:
+    """The tool in this process (`main` hands nvidia-smi to a fork server where the tests ask for one)."""
     if tool == "nvidia-smi":
         from dra_driver.simulator.tools import smi
 
