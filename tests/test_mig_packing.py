@@ -57,10 +57,11 @@ def packing_claim(key: str, parent_uuid: str, shapes: list[tuple[int, int]]) -> 
             "spec": {"devices": {"requests": requests}}}  # fmt: skip
 
 
-@pytest.mark.parametrize("key", sorted(MACHINE_OF))
-def test_every_way_to_fill_a_gpu_is_allocatable_and_full(key: str, tmp_path: Path) -> None:
+def gpu_slices(key: str, state_dir: Path) -> tuple[str, list[dict[str, Any]]]:
+    """(the UUID of a GPU of the product, its machine's partitionable slices), MIG made available where Ampere needs
+    an admin's reset for it."""
     machine, index = MACHINE_OF[key]
-    sim = SimulatedNvml(machine, tmp_path / "gpu")
+    sim = SimulatedNvml(machine, state_dir)
     sim.nvmlInit()
     handle = sim.nvmlDeviceGetHandleByIndex(index)
     if sim.nvmlDeviceGetMigMode(handle)[0] == 0:  # Ampere publishes MIG devices only with MIG on: an admin's reset
@@ -72,10 +73,16 @@ def test_every_way_to_fill_a_gpu_is_allocatable_and_full(key: str, tmp_path: Pat
     slices = [
         s.to_api() for s in build_slices(inventory, node_name="n", k8s_version="1.36", mode=PublishMode.PARTITIONABLE)
     ]
+    return gpu.uuid, slices
+
+
+@pytest.mark.parametrize("key", sorted(MACHINE_OF))
+def test_every_way_to_fill_a_gpu_is_allocatable_and_full(key: str, tmp_path: Path) -> None:
+    uuid, slices = gpu_slices(key, tmp_path / "gpu")
     binary = build_allocbench()
     for packing, shapes in PACKINGS.items():
-        full = packing_claim(key, gpu.uuid, shapes)
-        too_many = packing_claim(key, gpu.uuid, [*shapes, (1, 1)])
+        full = packing_claim(key, uuid, shapes)
+        too_many = packing_claim(key, uuid, [*shapes, (1, 1)])
         ours = [Allocator(slices, [MIG_CLASS]).allocate([c], "n") is not None for c in (full, too_many)]
         assert ours == [True, False], (key, packing)
         # allocbench allocates the claims one after the other: the second finds the GPU full either way
