@@ -71,7 +71,7 @@ def main() -> None:
                 served = timed(argv, True, args.calls, stdin, **env)
                 rows.append((name, direct, served))
             subprocess.run([str(bin_dir / "nvidia-cuda-mps-control")], input="quit\n", env={**os.environ, **mps_env},
-                           capture_output=True, check=False)  # fmt: skip
+                           capture_output=True, text=True, check=False)  # fmt: skip
     print(f"{'call':<38} {'own process ms':>14} {'p90':>6} {'fork server ms':>14} {'p90':>6} {'ratio':>6}")
     for name, direct, served in rows:
         d, s = statistics.median(direct), statistics.median(served)
