@@ -8,30 +8,20 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.tools import forkserver
 from dra_driver.simulator.tools.state import pid_alive
-from tests.sharing_helpers import daemon_pids, no_daemon_left, wait_gone
+from tests.sharing_helpers import daemon_pids, wait_gone
+from tests.test_sim_tools import sim  # noqa: F401  (the fixture: a dgx-h100, no MPS daemon left behind)
 
 TIMEOUT_S = 30
 
 
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[SimulatedNvml]:
-    sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
-    sim.nvmlInit()
-    with no_daemon_left(sim.state_dir):
-        yield sim
-
-
-def run(sim: SimulatedNvml, name: str, *args: str, served: bool, **env: str) -> subprocess.CompletedProcess[str]:
+def run(machine: SimulatedNvml, name: str, *args: str, served: bool, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(sim.driver_root / "usr" / "bin" / name), *args], capture_output=True, text=True, timeout=TIMEOUT_S,
+        [str(machine.driver_root / "usr" / "bin" / name), *args], capture_output=True, text=True, timeout=TIMEOUT_S,
         env={**os.environ, forkserver.ENV: "1" if served else "0", **env},
     )  # fmt: skip
 
@@ -65,7 +55,7 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
-def test_a_served_call_answers_as_its_own_process_would(sim: SimulatedNvml, tmp_path: Path) -> None:
+def test_a_served_call_answers_as_its_own_process_would(sim: SimulatedNvml, tmp_path: Path) -> None:  # noqa: F811
     uuid = sim.gpu_uuids[2]
     run(sim, "nvidia-smi", "-L", served=True)  # starts the server if none runs
     server_pid()
@@ -95,7 +85,7 @@ def test_a_served_call_answers_as_its_own_process_would(sim: SimulatedNvml, tmp_
     assert wait_gone(daemon)
 
 
-def test_a_caller_killed_midway_takes_its_child_with_it(sim: SimulatedNvml, tmp_path: Path) -> None:
+def test_a_caller_killed_midway_takes_its_child_with_it(sim: SimulatedNvml, tmp_path: Path) -> None:  # noqa: F811
     run(sim, "nvidia-smi", "-L", served=True)
     server = server_pid()
     # the mps client reads its commands from stdin: served, it waits there in the server's child
