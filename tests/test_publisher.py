@@ -183,9 +183,9 @@ def test_a_pool_changed_between_list_and_write_is_routine_a_few_times_in_a_row_t
         """The pool as listed, deleted right after; the same stale list again while `budget` lasts."""
         items = stale or listed(self)
         if self.node_name == "pub-race" and races[0] < budget[0]:
-            races[0] += 1
             stale[:] = items if budget[0] > 1 else []
             control_plane.kubectl("delete", "resourceslices", "--field-selector", "spec.nodeName=pub-race")
+            races[0] += 1  # after the delete: the waits below must not take the pool from before it for the new one
             return items
         stale.clear()
         return listed(self)
