@@ -20,15 +20,15 @@ from dra_driver.health.monitor import DEFAULT_IGNORED_XIDS
 from dra_driver.nvml.discovery import DiscoveryError, discover
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.plugin import features
+from dra_driver.plugin.grpc import probe as probe_cli
+from dra_driver.plugin.sockets import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, add_pod_uid_argument
 from dra_driver.report.cli import add_subcommand as add_report_subcommand
 from dra_driver.simulator.source import open_source, serve_containers
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import PublishMode, SliceLimitError, build_slices, check_numa_form
 from dra_driver.slices.devices import DEFAULT_MODE, NumaNodeForm, parse_replicas
 
-DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")  # `plugin --plugin-dir` defaults to <this>/<driver>
 HEALTH_SOCKET_ENV = "DRA_DRIVER_HEALTH_SOCKET"  # `health --socket` default, for a daemon with another --plugin-dir
-POD_UID_ENV = "POD_UID"  # `plugin --pod-uid` and `probe --pod-uid` default (the Helm chart sets it: metadata.uid)
 
 
 def _add_nvml_args(p: argparse.ArgumentParser) -> None:
@@ -176,18 +176,10 @@ def _xid_list(text: str) -> frozenset[int]:
     return xids
 
 
-def _add_pod_uid_arg(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument(
-        "--pod-uid",
-        default=os.environ.get(POD_UID_ENV, ""),
-        help=f"{what} (default: ${POD_UID_ENV}); empty: dra.sock and <driver>-reg.sock",
-    )
-
-
 def cmd_plugin(args: argparse.Namespace) -> int:
     from dra_driver.daemon import DaemonOptions, run
     from dra_driver.plugin.driver import PluginSettings
-    from dra_driver.plugin.grpc.server import check_pod_uid
+    from dra_driver.plugin.sockets import check_pod_uid
 
     check_pod_uid(args.pod_uid)  # before discovery and recovery, not after
     if args.k8s_version:  # else once the API server has said its version (daemon.run)
@@ -288,17 +280,6 @@ def cmd_health_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_probe(args: argparse.Namespace) -> int:
-    from dra_driver.plugin.grpc.probe import plugin_sockets, probe
-
-    plugin_dir = args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver
-    sockets = plugin_sockets(args.driver, plugin_dir, args.registry_dir, args.pod_uid)
-    results = probe(sockets, args.timeout)
-    for r in results:
-        print(r if r.ok else f"dra-driver: error: {r}", file=sys.stdout if r.ok else sys.stderr)
-    return 0 if all(r.ok for r in results) else 1
-
-
 def cmd_webhook(args: argparse.Namespace) -> int:
     from dra_driver.webhook.server import run
     from dra_driver.webhook.tls import TlsError
@@ -387,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_slice_args(plugin)
     plugin.add_argument("--kubeconfig", type=Path, help="default: in-cluster service account")
     plugin.add_argument("--plugin-dir", type=Path, help="default /var/lib/kubelet/plugins/<driver>")
-    plugin.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
+    plugin.add_argument("--registry-dir", type=Path, default=DEFAULT_REGISTRY_DIR)
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
     plugin.add_argument(
         "--sim-persistenced",
@@ -400,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="NVIDIA's nvidia-cdi-hook (or nvidia-ctk) as the host's runtime finds it: CDI specs then use its "
         "update-ldcache and create-symlinks hooks instead of a bind mount per library link",
     )
-    _add_pod_uid_arg(
+    add_pod_uid_argument(
         plugin,
         "this pod's UID, put in the kubelet socket names (dra-<uid>.sock, <driver>-<uid>-reg.sock) so that the old "
         "and the new pod of a rolling update serve side by side (kubelets 1.33 and later)",
@@ -461,15 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("device", help="device name (gpu-3, a MIG partition) or GPU UUID")
             p.set_defaults(func=cmd_health_clear)
 
-    probe = sub.add_parser("probe", help="liveness check: the plugin's kubelet sockets answer a gRPC health check")
-    probe.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (for the default socket paths)")
-    probe.add_argument(
-        "--plugin-dir", type=Path, help="as given to `plugin` (default /var/lib/kubelet/plugins/<driver>)"
-    )
-    probe.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
-    _add_pod_uid_arg(probe, "as given to `plugin`: check the sockets of the plugin with this pod UID")
-    probe.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each socket's answer")
-    probe.set_defaults(func=cmd_probe)
+    probe_cli.add_arguments(sub.add_parser("probe", help=probe_cli.HELP))
 
     sim = sub.add_parser("sim", help="simulated machines")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True)

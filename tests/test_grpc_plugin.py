@@ -6,6 +6,8 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -21,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.claimstate.context import NO_DEADLINE, CallContext
 from dra_driver.plugin.failures import ClaimFailure, FailureKind
-from dra_driver.plugin.grpc import PluginServer, health
+from dra_driver.plugin.grpc import health
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
-from dra_driver.plugin.grpc.server import SUPPORTED_VERSIONS
+from dra_driver.plugin.grpc.server import SUPPORTED_VERSIONS, PluginServer
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 from tests.kubelet_harness import KubeletHarness, RegistrationError
 from tests.polling import wait_until
@@ -447,10 +449,10 @@ def test_the_watchdog_leaves_sockets_another_instance_took_over(short_dir: Path)
 
 
 def _probe(short_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
-    from dra_driver import cli
+    from dra_driver import entry
 
     argv = ["probe", f"--driver={DRIVER}", f"--plugin-dir={short_dir / 'plugins' / DRIVER}"]
-    code = cli.main([*argv, f"--registry-dir={short_dir / 'plugins_registry'}", "--timeout=2", *extra])
+    code = entry.main([*argv, f"--registry-dir={short_dir / 'plugins_registry'}", "--timeout=2", *extra])
     out = capsys.readouterr()
     return code, out.out + out.err
 
@@ -480,6 +482,20 @@ def test_probe_fails_clearly(preparer: FakePreparer, short_dir: Path, capsys) ->
     stale.close()
     code, out = _probe(short_dir, capsys)
     assert code != 0 and f"{srv.dra_socket_path}: no answer" in out, out
+
+
+def test_the_probe_command_loads_grpc_but_not_the_driver(tmp_path: Path) -> None:
+    """The kubelet runs `dra-driver probe` every few seconds: it must not pay for the CLI's imports (the driver's
+    pydantic models, the Kubernetes client, the plugin's servers)."""
+    heavy = ("dra_driver.cli", "dra_driver.plugin.grpc.server", "pydantic", "kubernetes")
+    script = (
+        "import sys; from dra_driver.entry import main; "
+        f"rc = main(['probe', '--plugin-dir={tmp_path}', '--registry-dir={tmp_path}']); "
+        f"print(rc, [m for m in {heavy!r} if m in sys.modules], 'grpc' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["1", "[]", "True"], proc.stdout + proc.stderr
+    assert f"{tmp_path / 'dra.sock'}: does not exist" in proc.stderr
 
 
 def test_the_call_deadline_reaches_the_preparer_and_bounds_the_wait_for_a_serialized_call(short_dir: Path) -> None:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.api.slice import DeviceTaint
 from dra_driver.claimstate.context import NO_DEADLINE, CallContext
-from dra_driver.plugin.grpc import PluginServer, health
+from dra_driver.plugin.grpc import health
 from dra_driver.plugin.grpc.generated import dra_health_v1alpha1_pb2
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.resource_health import (
@@ -32,7 +32,7 @@ from dra_driver.plugin.grpc.resource_health import (
     states_from_taints,
     watch_resources,
 )
-from dra_driver.plugin.grpc.server import RESERVED_WORKERS, SUPPORTED_VERSIONS
+from dra_driver.plugin.grpc.server import RESERVED_WORKERS, SUPPORTED_VERSIONS, PluginServer
 from dra_driver.plugin.types import ClaimRef, PrepareResult
 from tests.kubelet_harness import KubeletHarness
 from tests.polling import wait_until

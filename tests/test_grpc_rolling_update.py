@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dra_driver.plugin.grpc import PluginServer
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
-from dra_driver.plugin.grpc.probe import plugin_sockets
-from dra_driver.plugin.grpc.server import dra_socket_name, registrar_socket_name
+from dra_driver.plugin.grpc.server import PluginServer
+from dra_driver.plugin.sockets import dra_socket_name, plugin_sockets, registrar_socket_name
 from dra_driver.plugin.types import PrepareResult
 from tests.kubelet_harness import KubeletHarness
 from tests.test_grpc_plugin import DRIVER, FakePreparer, _serving, claim, gpu
@@ -184,11 +183,11 @@ def test_dead_sockets_of_gone_instances_are_removed_at_start(short_dir: Path) ->
 
 
 def _probe(short_dir: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
-    from dra_driver import cli
+    from dra_driver import entry
 
     plugin_dir, registry_dir = _dirs(short_dir)
     argv = ["probe", f"--driver={DRIVER}", f"--plugin-dir={plugin_dir}", f"--registry-dir={registry_dir}"]
-    code = cli.main([*argv, "--timeout=2", *extra])
+    code = entry.main([*argv, "--timeout=2", *extra])
     out = capsys.readouterr()
     return code, out.out + out.err
 

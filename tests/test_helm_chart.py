@@ -416,7 +416,8 @@ def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(
     helm: Helm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dra_driver.cli import build_parser
-    from dra_driver.plugin.grpc.probe import plugin_sockets
+    from dra_driver.plugin.grpc import probe as probe_cli
+    from dra_driver.plugin.sockets import plugin_sockets
 
     for values, driver, kubelet_dir in (
         (REAL, DEFAULT_DRIVER, "/var/lib/kubelet"),
@@ -441,26 +442,34 @@ def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(
         assert POD_UID_ENV in c["env"] and "--pod-uid=$(POD_UID)" in c["args"]
         monkeypatch.setenv("POD_UID", "0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13")
         args = build_parser().parse_args(command[1:])  # the CLI takes it
-        assert args.func.__name__ == "cmd_probe" and args.pod_uid == "0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13"
+        assert args.func is probe_cli.run and args.pod_uid == "0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13"
         assert [p.name for p in plugin_sockets(args.driver, args.plugin_dir, args.registry_dir, args.pod_uid)] == [
             "dra-0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13.sock",
             f"{driver}-0b5e1a8c-3f2d-4c6e-9a71-2d4f6b8e0c13-reg.sock",
         ]
-        assert probe["periodSeconds"] >= 10 and probe["failureThreshold"] >= 3 and probe["initialDelaySeconds"] > 0
+        assert probe["periodSeconds"] >= 10 and probe["failureThreshold"] >= 3
         assert probe["timeoutSeconds"] > 1 + 2 * args.timeout  # interpreter start, then both sockets
+        # a slow start (discovery, the first API calls) is the startup probe's to wait out, checking often
+        start = c["startupProbe"]
+        assert start["exec"]["command"] == command and start["periodSeconds"] <= 2
+        assert (
+            start["periodSeconds"] * start["failureThreshold"] >= 60
+            and start["timeoutSeconds"] == probe["timeoutSeconds"]
+        )
     tuned = _render(helm, "--set", "livenessProbe.periodSeconds=60", "--set", "livenessProbe.failureThreshold=5")
     assert {k: _plugin(tuned)["c"]["livenessProbe"][k] for k in ("periodSeconds", "failureThreshold")} == {
         "periodSeconds": 60,
         "failureThreshold": 5,
     }
     assert "livenessProbe" not in _plugin(_render(helm, "--set", "livenessProbe.enabled=false"))["c"]
+    assert "startupProbe" not in _plugin(_render(helm, "--set", "startupProbe.enabled=false"))["c"]
 
 
 def test_readiness_waits_for_the_sockets_so_a_rolling_update_never_leaves_the_node_without_a_plugin(helm: Helm) -> None:
     c = _plugin(_render(helm))["c"]
     ready = c["readinessProbe"]
     assert ready["exec"]["command"] == c["livenessProbe"]["exec"]["command"]  # this pod's own sockets answer
-    assert ready["failureThreshold"] == 1 and 0 < ready["initialDelaySeconds"] <= 5
+    assert ready["failureThreshold"] == 1 and ready["initialDelaySeconds"] == 0  # first once the startup probe passed
     assert ready["periodSeconds"] >= 10  # an exec probe starts an interpreter: not every second
     assert "readinessProbe" not in _plugin(_render(helm, "--set", "readinessProbe.enabled=false"))["c"]
 
@@ -656,7 +665,7 @@ def test_gpu_node_taint_keeps_other_pods_off(helm: Helm, control_plane: ControlP
     cp, node, ns = control_plane, "tainted-gpu-node", "taint-test"
     uid = cp.create_node(node)
     cp.kubectl("taint", "node", node, f"{DEFAULT_DRIVER}/gpu=present:NoSchedule")
-    cp.kubectl("create", "namespace", ns)
+    cp.create_namespace(ns)
     sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
     slices = build_slices(discover(sim, sim.sysfs_root), node_name=node, k8s_version="1.36", node_uid=uid,
                           mode=PublishMode.GPUS)  # fmt: skip
@@ -709,7 +718,7 @@ def test_gpu_node_taint_keeps_other_pods_off(helm: Helm, control_plane: ControlP
         ]  # the node's only taint
     finally:
         cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
-        cp.kubectl("delete", "namespace", ns, "--wait=true", timeout=120)
+        cp.delete_namespace(ns, pods_first=False)
         cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}")
         cp.delete_node(node)
 

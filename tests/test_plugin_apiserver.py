@@ -12,7 +12,7 @@ from typing import Any
 
 from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
-from dra_driver.plugin.grpc import PluginServer
+from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.devices import PublishMode

@@ -28,9 +28,9 @@ from dra_driver.claimstate.context import CallContext
 from dra_driver.plugin.claims import API_TIMEOUT_S, KubeClaimSource, StaticClaimSource
 from dra_driver.plugin.driver import Driver
 from dra_driver.plugin.failures import FailureKind
-from dra_driver.plugin.grpc import PluginServer
 from dra_driver.plugin.grpc.kubelet import PrepareAnswer
 from dra_driver.plugin.grpc.probe import probe_socket
+from dra_driver.plugin.grpc.server import PluginServer
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 from tests.polling import wait_until

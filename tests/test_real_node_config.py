@@ -58,8 +58,7 @@ def test_the_label_switches_the_node_and_running_pods_keep_their_devices(cluster
     cluster.apply(template("one-gpu", req("gpu", GPU)), pod("keeps", template_name="one-gpu"))
     before = cluster.wait_running("keeps")
     seen = cluster.check_sees_its_devices("keeps")
-    daemon = cluster.release.ready_pod()
-    assert daemon is not None
+    daemon = cluster.release.wait_ready_pod()
     start = time.monotonic()
     label(cluster, "whole")
     wait_until("the slices of configuration whole", lambda: published(cluster)[:3] == ({"whole"}, {""}, {"gpu"}),

@@ -79,9 +79,7 @@ def kubelet_lines(node: Node, *needles: str) -> list[str]:
 
 
 def driver_pod(cluster: Cluster) -> str:
-    ready = cluster.release.ready_pod()
-    assert ready is not None, cluster.release.describe()
-    return str(ready["metadata"]["name"])
+    return str(cluster.release.wait_ready_pod()["metadata"]["name"])
 
 
 def health_cli(cluster: Cluster, *args: str) -> str:

@@ -32,7 +32,7 @@ def kubelet_log_count(node: Node, text: str) -> int:
 
 def driver_pod(cluster: Cluster) -> dict[str, Any]:
     """The Ready driver pod (a restarted container is Ready again once its sockets answer the readiness probe)."""
-    return dict(wait_until("a Ready driver pod", cluster.release.ready_pod, timeout=60))
+    return cluster.release.wait_ready_pod()
 
 
 def delete_and_check_clean(cluster: Cluster, *names: str, mig_left: Sequence[tuple[int, int, int]] = ()) -> None:

@@ -111,15 +111,14 @@ def test_an_mps_claims_daemon_outlives_the_driver_pod_and_goes_with_the_claim(cl
     assert " tmpfs " in inside and f"size={SHM_SIZE_KIB}k" in inside, inside  # the daemon's view: the same tmpfs
 
     # the driver pod deleted and recreated, then a rolling update: the same daemon pod and process throughout
-    old = release.ready_pod()
-    assert old is not None
+    old = release.wait_ready_pod()
     registered = release.registrations()
     c.cp.kubectl("delete", "pod", old["metadata"]["name"], "-n", release.namespace, "--wait=true", timeout=120)
     fresh = release.wait_registered(time.monotonic() + 90, registrations=registered + 1)
     assert fresh["metadata"]["uid"] != old["metadata"]["uid"]
     release.install("--set-string", f"podAnnotations.restarted={time.time_ns()}")  # a new template: a new pod
-    newest = release.ready_pod()
-    assert newest is not None and newest["metadata"]["uid"] not in (old["metadata"]["uid"], fresh["metadata"]["uid"])
+    newest = release.wait_ready_pod()
+    assert newest["metadata"]["uid"] not in (old["metadata"]["uid"], fresh["metadata"]["uid"])
     after = ready_daemon(c)
     assert after["metadata"]["uid"] == daemon["metadata"]["uid"]
     assert after["status"]["containerStatuses"][0]["restartCount"] == 0

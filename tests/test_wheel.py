@@ -83,7 +83,8 @@ assert importlib.util.find_spec("grpc_tools") is None, "grpc_tools is importable
 
 import grpc
 import dra_driver.plugin.grpc.generated as generated
-from dra_driver.plugin.grpc import PluginServer, health
+from dra_driver.plugin.grpc import health
+from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.plugin.grpc.kubelet import KubeletHarness
 from dra_driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult
 

@@ -5,18 +5,26 @@ A socket file that is gone, one nobody listens on (a daemon that died), or a ser
 timeout all fail the check: the kubelet would not reach the plugin either. With a pod UID (a plugin started with
 ``--pod-uid``, for rolling updates) it checks that instance's own sockets, ``dra-<uid>.sock`` and
 ``<driver>-<uid>-reg.sock``, not those of another pod of the driver on the same node.
+
+The kubelet runs the check every few seconds in the driver's container, so it imports gRPC's health client and the
+socket names, never the plugin: ``dra-driver probe`` is dispatched here before the rest of the CLI is imported
+(:func:`dra_driver.entry.main`), a fifth of the CPU time of a command that loads the driver.
 """
 
 from __future__ import annotations
 
+import argparse
 import stat
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from dra_driver.plugin.grpc import health
-from dra_driver.plugin.grpc.server import dra_socket_name, registrar_socket_name
+from dra_driver.plugin.sockets import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, add_pod_uid_argument, plugin_sockets
+from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 
 _STATUS_NAMES = {
     health.UNKNOWN: "UNKNOWN",
@@ -24,6 +32,7 @@ _STATUS_NAMES = {
     health.NOT_SERVING: "NOT_SERVING",
     health.SERVICE_UNKNOWN: "SERVICE_UNKNOWN",
 }
+HELP = "liveness check: the plugin's kubelet sockets answer a gRPC health check"
 _NO_ANSWER = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -35,12 +44,6 @@ class ProbeResult:
 
     def __str__(self) -> str:
         return f"{self.socket}: {self.detail}"
-
-
-def plugin_sockets(driver: str, plugin_dir: Path, registry_dir: Path, pod_uid: str = "") -> list[Path]:
-    """The sockets a plugin started with these directories and pod UID ("": none) serves (as ``dra-driver plugin``
-    lays them out)."""
-    return [plugin_dir / dra_socket_name(pod_uid), registry_dir / registrar_socket_name(driver, pod_uid)]
 
 
 def probe_socket(path: Path, timeout: float) -> ProbeResult:
@@ -66,3 +69,33 @@ def probe_socket(path: Path, timeout: float) -> ProbeResult:
 
 def probe(sockets: list[Path], timeout: float) -> list[ProbeResult]:
     return [probe_socket(path, timeout) for path in sockets]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dra-driver probe`'s arguments (dra_driver.cli builds the same subcommand from them for its help)."""
+    p.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (for the default socket paths)")
+    p.add_argument("--plugin-dir", type=Path, help=f"as given to `plugin` (default {DEFAULT_PLUGINS_DIR}/<driver>)")
+    p.add_argument("--registry-dir", type=Path, default=DEFAULT_REGISTRY_DIR)
+    add_pod_uid_argument(p, "as given to `plugin`: check the sockets of the plugin with this pod UID")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each socket's answer")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print each socket's state; 0 when both serve."""
+    plugin_dir = args.plugin_dir or DEFAULT_PLUGINS_DIR / args.driver
+    try:
+        sockets = plugin_sockets(args.driver, plugin_dir, args.registry_dir, args.pod_uid)
+    except ValueError as e:  # a pod UID that cannot name a socket
+        print(f"dra-driver: error: {e}", file=sys.stderr)
+        return 1
+    results = probe(sockets, args.timeout)
+    for r in results:
+        print(r if r.ok else f"dra-driver: error: {r}", file=sys.stdout if r.ok else sys.stderr)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dra-driver probe", description=HELP)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

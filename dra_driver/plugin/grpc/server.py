@@ -72,11 +72,11 @@ from dra_driver.plugin.socket_identity import (
     remove_own_socket,
     serve_again_if_gone,
 )
+from dra_driver.plugin.sockets import check_pod_uid, dra_socket_name, registrar_socket_name
 from dra_driver.plugin.types import ClaimPreparer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PLUGIN_SOCKET = "dra.sock"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 RESERVED_WORKERS = 2  # server threads prepares never take: for unprepares and health checks
@@ -88,27 +88,8 @@ _umask_lock = threading.Lock()
 AddServicer = Callable[[grpc.Server], None]  # adds a servicer to a server (as the generated add_*_to_server do)
 
 
-_POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # what a Kubernetes pod UID looks like: only sockets named with one are ever removed as another instance's leftovers
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-
-
-def check_pod_uid(pod_uid: str) -> str:
-    """``pod_uid`` if it can be part of a socket file name ("" too: no UID); ValueError otherwise."""
-    if pod_uid and not _POD_UID.fullmatch(pod_uid):
-        raise ValueError(f"pod UID {pod_uid!r} cannot be part of a socket name (letters, digits, '-', '_', '.')")
-    return pod_uid
-
-
-def registrar_socket_name(driver_name: str, pod_uid: str = "") -> str:
-    """``<driver>-reg.sock``; with a pod UID ``<driver>-<uid>-reg.sock`` (as the Go helper names it)."""
-    uid_part = f"-{check_pod_uid(pod_uid)}" if pod_uid else ""
-    return f"{driver_name}{uid_part}-reg.sock"
-
-
-def dra_socket_name(pod_uid: str = "") -> str:
-    """``dra.sock``; with a pod UID ``dra-<uid>.sock`` (as the Go helper names it)."""
-    return f"dra-{check_pod_uid(pod_uid)}.sock" if pod_uid else DEFAULT_PLUGIN_SOCKET
 
 
 def _is_dead_socket(path: Path) -> bool:
