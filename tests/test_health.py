@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -91,6 +92,20 @@ def health(node: Node) -> Iterator[Health]:
     assert h.monitor.ready.wait(5)
     yield h
     h.monitor.stop()
+    d.close()
+
+
+def test_a_stopping_daemon_waits_at_most_a_second_for_the_monitor(node: Node) -> None:
+    """The monitor blocks in nvmlEventSetWait, which nothing interrupts: its default wait bounds how long a stop
+    (SIGTERM, every driver pod's end and rolling update) waits for it."""
+    d = node.driver()
+    monitor = HealthMonitor(node.sim, d, DRIVER)
+    monitor.start()
+    assert monitor.ready.wait(5)
+    time.sleep(0.2)  # in the event wait
+    began = time.monotonic()
+    monitor.stop()
+    assert time.monotonic() - began < 1.5
     d.close()
 
 

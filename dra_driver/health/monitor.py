@@ -133,7 +133,7 @@ class HealthMonitor:
         driver_name: str,
         *,
         ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
-        wait_ms: int = 5000,
+        wait_ms: int = 1000,  # nvmlEventSetWait cannot be interrupted: the longest `stop` waits for the monitor
         on_change: Callable[[], None] | None = None,
         on_xid: Callable[[str, int], None] | None = None,
         on_event: Callable[[str, str, str], None] | None = None,
