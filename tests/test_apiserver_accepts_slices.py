@@ -263,7 +263,7 @@ def test_the_scheduler_of_each_minor_allocates_from_its_layout(
     slices = [s.to_api() for s in _slices("dgx-h100", tmp_path, node, f"1.{minor}", PublishMode.PARTITIONABLE)]
     namespace = f"schedule-{minor}"
     server.kubectl("apply", "-f", "-", input=_as_list([*classes(), *slices]))
-    server.kubectl("create", "namespace", namespace)
+    server.create_namespace(namespace)
     time.sleep(3)  # the scheduler's informers see the new classes and slices (else a first Unschedulable)
     try:
         for name, cls in (("whole", "gpu"), ("small", "mig-1g.10gb")):
@@ -277,6 +277,6 @@ def test_the_scheduler_of_each_minor_allocates_from_its_layout(
     finally:
         # no kubelet confirms a bound pod's end: force it, or the namespace waits for it
         server.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=true")
-        server.kubectl("delete", "namespace", namespace, "--wait=true", timeout=120)
+        server.delete_namespace(namespace, pods_first=False)
         server.kubectl("delete", "--ignore-not-found", "-f", "-", input=_as_list(classes()))
         _delete_slices(server, node[0])

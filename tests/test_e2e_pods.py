@@ -146,7 +146,7 @@ class Node:
 def node(control_plane, tmp_path: Path) -> Iterator[Node]:
     cp = control_plane
     cp.kubectl("apply", *[a for p in sorted((ROOT / "deviceclasses").glob("*.yaml")) for a in ("-f", str(p))])
-    cp.kubectl("create", "namespace", NS)
+    cp.create_namespace(NS)
     n = Node(cp, tmp_path)
     n.start()
     try:
@@ -154,7 +154,7 @@ def node(control_plane, tmp_path: Path) -> Iterator[Node]:
     finally:
         n.stop()
         cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force")
-        cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=120)
+        cp.delete_namespace(NS, pods_first=False)
         cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}")
         cp.delete_node(NODE)
 

@@ -72,7 +72,7 @@ class Daemon:
 def node(control_plane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     cp = control_plane
     cp.create_node(NODE)
-    cp.kubectl("create", "namespace", NS)
+    cp.create_namespace(NS)
     gpu = f"device.driver == '{D}' && device.attributes['{D}'].type == 'gpu'"
     gpu_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
                  "spec": {"selectors": [{"cel": {"expression": gpu}}]}}  # fmt: skip
@@ -116,7 +116,7 @@ def node(control_plane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     finally:
         d.stop.set()  # the daemon winds down (its pool watch may take up to 30 s to notice) while we clean up
         cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force")
-        cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=120)
+        cp.delete_namespace(NS, pods_first=False)
         thread.join(timeout=60)
         cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}")
         cp.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found")

@@ -62,11 +62,11 @@ def workload_pod(name: str, limits: dict[str, int]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def node(real_node: Node) -> Iterator[Node]:
-    real_node.cp.kubectl("create", "namespace", NS)
+    real_node.cp.create_namespace(NS)
     try:
         yield real_node
     finally:
-        real_node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
+        real_node.cp.delete_namespace(NS)
 
 
 def allocatable(node: Node, resource: str) -> str | None:

@@ -130,7 +130,7 @@ def prepared_view(
             status = phase(cluster.node, name)["status"]
             if status.get("phase") not in ("Running", "Succeeded", "Failed"):
                 return None
-            out = cluster.cp.kubectl("logs", "-n", NS, name, check=False).stdout.strip()
+            out = cluster.cp.pod_log(name, NS, check=False).strip()
             return out if out.endswith("}") or status["phase"] != "Running" else None
 
         try:

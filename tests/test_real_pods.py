@@ -133,7 +133,7 @@ class Cluster:
             return phase if phase in ("Succeeded", "Failed") else None
 
         phase = wait_until(f"pod {name} finished", finished, timeout=timeout)
-        out = str(self.cp.kubectl("logs", "-n", NS, name).stdout)
+        out = self.cp.pod_log(name, NS)
         assert phase == "Succeeded", out
         return out
 
@@ -235,11 +235,11 @@ def deployed(node: Node, values: Sequence[str] = (), machine: str = "dgx-h100") 
     both removed at the end, then the driver's and the kubelet's logs checked for problems (tests.cluster.logs)."""
     release = DriverRelease(node, values=values, machine=machine)
     release.install()
-    node.cp.kubectl("create", "namespace", NS)
+    node.cp.create_namespace(NS)
     try:
         yield Cluster(release)
     finally:
-        node.cp.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
+        node.cp.delete_namespace(NS)
         release.uninstall()
         release.log.stop()
     # a healthy node logs no warning: a fault test names the lines it causes (release.log.expect)

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from dra_driver.slices.limits import parse_minor
+from tests.cluster.apiget import ApiError, ApiReader
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
@@ -312,6 +313,7 @@ class ControlPlane:
         self._pki: Pki | None = None
         self._kubeconfig: Path | None = None
         self._ssl: ssl.SSLContext | None = None
+        self._reader: tuple[int, ApiReader] | None = None  # (the API server's port, its reader)
         self.api_port = 0
         self.scheduler_port = 0  # the kube-scheduler's /metrics and /healthz (HTTPS, delegated authn/authz)
         self.etcd_port = 0
@@ -385,6 +387,7 @@ class ControlPlane:
             shutil.rmtree(self._work_dir, ignore_errors=True)
         self._work_dir = None
         self._kubeconfig = None
+        self._reader = None
 
     def __enter__(self) -> ControlPlane:
         return self.start()
@@ -413,7 +416,69 @@ class ControlPlane:
         return proc
 
     def kubectl_json(self, *args: str) -> Any:
-        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+        """`kubectl <args> -o json`, parsed. A plain `get` is read in this process (tests.cluster.apiget: the same
+        answer without a kubectl process), anything else runs kubectl."""
+        args = (*args, "-o", "json")
+        try:
+            got = self._api().get(args)
+        except ApiError as e:
+            raise KubectlError(1, ["kubectl", *args], "", e.message) from None
+        except OSError as e:  # refused, reset, timed out: as kubectl, a failed call
+            raise KubectlError(1, ["kubectl", *args], "", f"Unable to connect to the server: {e}") from None
+        return got if got is not None else json.loads(self.kubectl(*args).stdout)
+
+    def _api(self) -> ApiReader:
+        if self._reader is None or self._reader[0] != self.api_port:
+            self._reader = (self.api_port, ApiReader("127.0.0.1", self.api_port, self._client_ssl()))
+        return self._reader[1]
+
+    def api_call(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
+        """One write to the API server from this process (a kubectl process costs 0.12 s of CPU); its answer.
+        Raises KubectlError, as kubectl fails, where the server refuses it."""
+        status, answer = self._api().request(path, method=method, body=body, content_type=content_type)
+        if status >= 300:
+            message = answer.get("message", "") if isinstance(answer, dict) else str(answer)
+            reason = answer.get("reason", "Unknown") if isinstance(answer, dict) else "Unknown"
+            raise KubectlError(1, [method, path], "", f"Error from server ({reason}): {message}")
+        return answer
+
+    def pod_log(self, name: str, namespace: str, *, check: bool = True) -> str:
+        """`kubectl logs -n NAMESPACE NAME`, read from this process; with check=False "" where kubectl would fail
+        (the container has not started, the pod is gone)."""
+        status, log = self._api().request(f"/api/v1/namespaces/{namespace}/pods/{name}/log", text=True)
+        if status != 200 and check:
+            raise KubectlError(1, ["kubectl", "logs", "-n", namespace, name], "", log)
+        return str(log) if status == 200 else ""
+
+    def _client_ssl(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._ssl
+
+    def create_namespace(self, name: str, timeout: float = 120.0) -> None:
+        """Create namespace `name`, once a namespace of that name still terminating is gone. The namespace
+        controller waits 5 s before it deletes anything of a namespace (namespaceDeletionGracePeriod), so tests
+        delete theirs without waiting (`delete_namespace`) and that wait overlaps whatever comes next."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                phase = self.kubectl_json("get", "namespace", name).get("status", {}).get("phase")
+            except KubectlError as e:
+                if "(NotFound)" not in e.stderr:
+                    raise
+                break
+            if phase != "Terminating" or time.monotonic() > deadline:
+                break  # create says what is wrong
+            time.sleep(0.2)
+        self.kubectl("create", "namespace", name)
+
+    def delete_namespace(self, name: str, *, pods_first: bool = True, timeout: float = 180.0) -> None:
+        """Delete namespace `name` without waiting for it; with `pods_first` its pods go first, gracefully, and are
+        waited for: their containers stopped and their claims unprepared, as after `delete namespace --wait`."""
+        if pods_first:
+            self.kubectl("delete", "pods", "--all", "-n", name, "--wait=true", f"--timeout={timeout:.0f}s",
+                         timeout=timeout + 30, check=False)  # fmt: skip
+        self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
     def server_version(self) -> str:
         """The API server's `gitVersion`, e.g. `v1.37.2` (dra_driver.slices.limits.parse_minor reads its minor)."""
@@ -430,7 +495,7 @@ class ControlPlane:
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
             "spec": {},
         }
-        self.kubectl("create", "-f", "-", input=json.dumps(node))
+        uid = str(self.api_call("POST", "/api/v1/nodes", node)["metadata"]["uid"])
         capacity = {"cpu": "100", "memory": "1000Gi", "pods": "5000"}
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         status = {
@@ -450,10 +515,11 @@ class ControlPlane:
                 ],
             }
         }
-        self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+        merge = "application/merge-patch+json"
+        self.api_call("PATCH", f"/api/v1/nodes/{name}/status", status, merge)
         # TaintNodesByCondition admission is disabled, but drop any taint anyway (upstream does the same).
-        self.kubectl("patch", "node", name, "--type=merge", "-p", json.dumps({"spec": {"taints": None}}))
-        return str(self.kubectl("get", "node", name, "-o", "jsonpath={.metadata.uid}").stdout)
+        self.api_call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}}, merge)
+        return uid
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")

@@ -19,6 +19,7 @@ from tests.cluster import images
 from tests.cluster.controlplane import (
     DEFAULT_CONTROLLERS,
     ControlPlane,
+    KubectlError,
     binaries_up_to_date,
     ensure_binaries,
     go_available,
@@ -121,23 +122,17 @@ class SharedNode:
         """The kubelet still runs, the node is Ready, and the last module left no pod outside kube-system."""
         if not node.kubelet_running():
             return False
-        ready = node.cp.kubectl(
-            "get", "node", node.name, "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}', check=False
-        )
-        pods = node.cp.kubectl(
-            "get",
-            "pods",
-            "-A",
-            "-o",
-            "jsonpath={.items[?(@.metadata.namespace!='kube-system')].metadata.name}",
-            check=False,
-        )
-        if ready.stdout.strip() != "True" or pods.returncode != 0 or pods.stdout.strip():
+        try:
+            status = node.cp.kubectl_json("get", "node", node.name)["status"]
+            pods = node.cp.kubectl_json("get", "pods", "-A")["items"]
+        except KubectlError:
+            return False
+        ready = {c["type"]: c["status"] for c in status.get("conditions", [])}.get("Ready")
+        if ready != "True" or any(p["metadata"]["namespace"] != "kube-system" for p in pods):
             return False
         # A device plugin registered a resource (nvidia.com/gpu): the kubelet keeps it in the Node's capacity after the
         # plugin left, and the scheduler would serve nvidia.com/gpu there from it, never through this driver's class.
-        capacity = node.cp.kubectl("get", "node", node.name, "-o", "jsonpath={.status.capacity}", check=False)
-        if capacity.returncode != 0 or "nvidia.com/" in capacity.stdout:
+        if any(resource.startswith("nvidia.com/") for resource in status.get("capacity", {})):
             return False
         return reset_for_next_module(node)
 

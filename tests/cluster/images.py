@@ -382,7 +382,7 @@ def shown_lines(cp: Any, pod: str, namespace: str = "default", timeout: float = 
     from tests.polling import wait_until
 
     def printed() -> list[str] | None:
-        lines = cp.kubectl("logs", "-n", namespace, pod, check=False).stdout.strip().splitlines()
+        lines = cp.pod_log(pod, namespace, check=False).strip().splitlines()
         if not lines:
             return None
         try:
