@@ -26,6 +26,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from tests.test_allocbench import build_allocbench, run_go
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "comparison.md"
 NODE = "nvidia-slices-node"
+PARALLEL_CASES = 3
 OURS = "gpu.dra-driver.dev"
 STATIC, DYNAMIC, SHARED = "static", "dynamic MIG", "consumable shares"
 
@@ -298,18 +300,20 @@ def _make_mig(sim: SimulatedNvml, mig: dict[int, list[tuple[int, int, int, int]]
             create_full_ci(sim, create_gi(sim, dev, profile_id, start, size), ci_slices)
 
 
-def _ours(cp: ControlPlane, sim: SimulatedNvml, node_uid: str, minor: int, case: Case) -> list[dict[str, Any]]:
+def _ours(
+    cp: ControlPlane, sim: SimulatedNvml, node: str, node_uid: str, minor: int, case: Case
+) -> list[dict[str, Any]]:
     """Ours for the same machine, Node and server, created on the server and read back from it (what it keeps)."""
     slices = build_slices(
         discover(sim, sim.sysfs_root),
-        node_name=NODE,
+        node_name=node,
         node_uid=node_uid,
         k8s_version=f"1.{minor}",
         mode=case.our_mode,
         replicas=case.our_replicas,
         numa_form=NumaNodeForm.LIST if case.numa_list else NumaNodeForm.SCALAR,
     )
-    selector = f"--field-selector=spec.driver={OURS},spec.nodeName={NODE}"
+    selector = f"--field-selector=spec.driver={OURS},spec.nodeName={node}"
     items = [s.to_api() for s in slices]
     cp.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     try:
@@ -320,17 +324,17 @@ def _ours(cp: ControlPlane, sim: SimulatedNvml, node_uid: str, minor: int, case:
         cp.kubectl("delete", "resourceslices", selector, "--wait=true")
 
 
-def _measure(cp: ControlPlane, case: Case, node_uid: str, minor: int, work: Path) -> Measured:
+def _measure(cp: ControlPlane, case: Case, node: str, node_uid: str, minor: int, work: Path) -> Measured:
     sim = SimulatedNvml(case.machine, work / f"{case.id}-machine")
     sim.nvmlInit()
     _make_mig(sim, case.mig)
     plugin_dir = work / f"{case.id}-plugin"
     gates, shares = case.nvidia_gates, case.shares
-    with NvidiaKubeletPlugin(cp, sim, NODE, plugin_dir, feature_gates=gates, consumable_shares=shares) as plugin:
+    with NvidiaKubeletPlugin(cp, sim, node, plugin_dir, feature_gates=gates, consumable_shares=shares) as plugin:
         theirs_slices = plugin.wait_published()
         warnings = plugin.warnings()
     # After NVIDIA's plugin has run: under DynamicMIG it destroys MIG devices no claim holds at start.
-    ours_slices = _ours(cp, sim, node_uid, minor, case)
+    ours_slices = _ours(cp, sim, node, node_uid, minor, case)
     theirs, ours = pool_of(NVIDIA_DRIVER, theirs_slices), pool_of(OURS, ours_slices)
     # NVIDIA publishes the devices of its single static slice in Go map order (cmd/gpu-kubelet-plugin driver.go
     # ranges over its allocatable map): a new order each run, so the order is compared under DynamicMIG only,
@@ -343,20 +347,23 @@ def _measure(cp: ControlPlane, case: Case, node_uid: str, minor: int, work: Path
 def measured(
     control_plane: ControlPlane, list_attributes_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Measured]]:
-    """Every case measured: on the session's control plane, or, for the list form, on one with DRAListTypeAttributes."""
+    """Every case measured: on the session's control plane, or, for the list form, on one with DRAListTypeAttributes.
+    A few cases at a time, each on a Node of its own: most of a case is waiting for NVIDIA's plugin to publish."""
     work = tmp_path_factory.mktemp("nvidia-slices")
-    out: dict[str, Measured] = {}
-    for cp, cases in (
-        (control_plane, [c for c in CASES if not c.numa_list]),
-        (list_attributes_cluster, [c for c in CASES if c.numa_list]),
-    ):
-        minor = parse_minor(cp.server_version())
-        uid = cp.create_node(NODE, labels={"nvidia.com/gpu.present": "true"})
+    minors = {id(cp): parse_minor(cp.server_version()) for cp in (control_plane, list_attributes_cluster)}
+    jobs = [(list_attributes_cluster if c.numa_list else control_plane, c) for c in CASES]
+    jobs.sort(key=lambda job: job[1].numa_list)  # the session's control plane first, as the table lists them
+
+    def one(cp: ControlPlane, case: Case, node: str) -> Measured:
+        uid = cp.create_node(node, labels={"nvidia.com/gpu.present": "true"})
         try:
-            out.update({case.id: _measure(cp, case, uid, minor, work) for case in cases})
+            return _measure(cp, case, node, uid, minors[id(cp)], work)
         finally:
-            cp.delete_node(NODE)
-    yield out
+            cp.delete_node(node)
+
+    with ThreadPoolExecutor(max_workers=PARALLEL_CASES) as pool:
+        futures = [pool.submit(one, cp, case, f"{NODE}-{i}") for i, (cp, case) in enumerate(jobs)]
+        yield {case.id: future.result() for (_, case), future in zip(jobs, futures, strict=True)}
 
 
 def _unexplained(m: Measured) -> list[Difference]:
@@ -430,7 +437,7 @@ def test_a_shared_mig_device_takes_one_claim_in_nvidias_slices_several_in_ours(m
     placed: dict[str, list[str | None]] = {}
     for driver, slices in ((NVIDIA_DRIVER, m.theirs_slices), (OURS, m.ours_slices)):
         cls, claims = _claims_for_one_mig_device(driver, "3g.40gb", 3)
-        inp = {"slices": slices, "classes": [cls], "claims": claims, "nodes": [NODE]}
+        inp = {"slices": slices, "classes": [cls], "claims": claims, "nodes": [slices[0]["spec"]["nodeName"]]}
         results, _ = run_go(build_allocbench(), inp)
         placed[driver] = [r["devices"][0]["device"] if r.get("devices") else None for r in results]
         if driver == NVIDIA_DRIVER:
