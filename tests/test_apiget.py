@@ -4,13 +4,17 @@ through it give the same JSON and the same errors, on the real API server."""
 from __future__ import annotations
 
 import json
+import socket
+import ssl
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.cluster.apiget import ApiError, ApiReader, parse_get
-from tests.cluster.controlplane import ControlPlane, KubectlError
+from tests.cluster.controlplane import ControlPlane, KubectlError, make_pki
 from tests.polling import wait_until
 
 NS = "apiget"
@@ -134,3 +138,54 @@ def test_an_unknown_resource_is_looked_up_again_then_left_to_kubectl(cluster: Co
         }  # fmt: skip
     finally:
         cluster.kubectl("delete", "crd", "gadgets.apiget.test", "--wait=false")
+
+
+def test_reads_go_on_across_an_api_server_restart(cluster: ControlPlane) -> None:
+    """The thread's kept-alive connection dies with the server (TLS EOF on its next request): the first read after
+    a restart succeeds on a new connection, and a read while the server is down fails as kubectl fails."""
+    assert cluster.kubectl_json("get", "namespace", NS)["metadata"]["name"] == NS
+    cluster.stop_apiserver()
+    cluster.start_apiserver()
+    assert cluster.kubectl_json("get", "namespace", NS)["metadata"]["name"] == NS
+    cluster.stop_apiserver()
+    try:
+        with pytest.raises(KubectlError) as down:
+            cluster.kubectl_json("get", "namespace", NS)
+        assert "Unable to connect to the server" in down.value.stderr
+    finally:
+        cluster.start_apiserver()
+    assert cluster.kubectl_json("get", "namespace", NS)["metadata"]["name"] == NS
+
+
+def test_a_connection_dropped_without_tls_close_is_replaced(tmp_path: Any) -> None:
+    """A server killed between two reads drops the TCP connection without TLS's close_notify: the next request on
+    the kept-alive connection ends in SSLEOFError (seen in CI after the session's API server restarted). The read
+    is made again on a new connection; a second failure, on that new connection, is the caller's."""
+    pki = make_pki(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(pki.serving_cert, pki.serving_key)
+    client_ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    body = json.dumps({"kind": "Namespace", "metadata": {"name": "x"}}).encode()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    def serve(connections: int) -> None:
+        for _ in range(connections):
+            raw, _ = listener.accept()
+            conn = server_ctx.wrap_socket(raw, server_side=True)
+            conn.recv(65536)
+            conn.sendall(answer)
+            raw_fd = conn.detach()  # the TCP connection ends with no TLS close_notify, as when a process is killed
+            socket.socket(fileno=raw_fd).close()
+
+    thread = threading.Thread(target=serve, args=(2,), daemon=True)
+    thread.start()
+    r = ApiReader("127.0.0.1", port, client_ctx)
+    assert r.request("/api/v1/namespaces/x") == (200, {"kind": "Namespace", "metadata": {"name": "x"}})
+    time.sleep(0.2)  # the server's end of the first connection is gone
+    assert r.request("/api/v1/namespaces/x")[0] == 200  # on a second connection
+    thread.join(5)
+    listener.close()
+    with pytest.raises(OSError):
+        r.request("/api/v1/namespaces/x")  # the dead kept-alive one, then nothing listening: refused

@@ -116,10 +116,13 @@ class ApiReader:
         self._lock = threading.Lock()
         self._resources: list[tuple[str, Resource, tuple[str, ...]]] | None = None  # (group, resource, names)
 
+    def _new_connection(self, timeout: float) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(self._host, self._port, context=self._context, timeout=timeout)
+
     def _connection(self, timeout: float) -> http.client.HTTPSConnection:
         conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = http.client.HTTPSConnection(self._host, self._port, context=self._context, timeout=timeout)
+            conn = self._new_connection(timeout)
             self._local.conn = conn
         conn.timeout = timeout
         if conn.sock is not None:
@@ -143,23 +146,32 @@ class ApiReader:
         data = None
         if body is not None:
             data, headers["Content-Type"] = json.dumps(body).encode(), content_type
-        for attempt in (1, 2):  # a kept-alive connection the server closed meanwhile: a read once more, anew
-            conn = self._connection(timeout)
+        # A read goes on the thread's kept-alive connection, and once more on a new one where that fails: the server
+        # may have closed it meanwhile (stopped and started again on the same port, TLS EOF or a reset). A write
+        # always takes a new connection, so that it is never sent twice.
+        reuse = method == "GET"
+        for attempt in (1, 2):
+            fresh = not reuse or getattr(self._local, "conn", None) is None
+            conn = self._connection(timeout) if reuse else self._new_connection(timeout)
             try:
                 conn.request(method, url, body=data, headers=headers)
                 resp = conn.getresponse()
                 answer = resp.read()
-            except (http.client.RemoteDisconnected, http.client.CannotSendRequest, ConnectionResetError,
-                    BrokenPipeError):  # fmt: skip
+            except (OSError, http.client.HTTPException):
                 conn.close()
-                self._local.conn = None
-                if attempt == 2 or method != "GET":
+                if reuse:
+                    self._local.conn = None
+                if fresh or attempt == 2:
                     raise
                 continue
             except BaseException:
                 conn.close()
-                self._local.conn = None
+                if reuse:
+                    self._local.conn = None
                 raise
+            finally:
+                if not reuse:
+                    conn.close()
             if text:
                 return resp.status, answer.decode(errors="replace")
             return resp.status, json.loads(answer) if answer else None
