@@ -8,7 +8,7 @@ timeout all fail the check: the kubelet would not reach the plugin either. With 
 
 The kubelet runs the check every few seconds in the driver's container, so it imports gRPC's health client and the
 socket names, never the plugin: ``dra-driver probe`` is dispatched here before the rest of the CLI is imported
-(:func:`dra_driver.entry.main`), a fifth of the CPU time of a command that loads the driver.
+(:func:`dra_driver.entry.main`), less than half the CPU time of a command that loads the driver.
 """
 
 from __future__ import annotations
