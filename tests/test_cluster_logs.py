@@ -104,6 +104,11 @@ def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_
             ("NotFound", "failed to load task: no running task found: not found"),
             ("Unknown", 'failed to create exec \\"aa73cb8f\\": cannot exec in a stopped state'),
             ("Unknown", 'failed to create exec \\"73fcbb0a\\": cannot exec in a deleted state'),  # as it is removed
+            (
+                "Unknown",
+                'failed to start exec \\"13286885\\": OCI runtime exec failed: exec failed: cannot exec in a '
+                "stopped container",
+            ),  # runc's word, the container stopped between create and start of the exec
             ("Unknown", "container is in CONTAINER_EXITED state"),  # a rolling update's old pod, once exited
             ("Unknown", 'failed to create exec \\"6a54b319\\": ttrpc: closed'),  # its shim going as it is killed
         ):

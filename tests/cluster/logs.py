@@ -45,11 +45,12 @@ KUBELET_ROUTINE = (
     ),
     # the liveness or readiness probe's exec cancelled by the kubelet itself because the container is stopping, or
     # (kubelet 1.37) started as the container stopped (its shim's connection closing), after it exited, or after
-    # containerd removed its task (or while it removed it: "deleted state")
+    # containerd removed its task (or while it removed it: "deleted state"), or runc found the container stopped
     re.compile(
         r'"ExecSync cmd from runtime service failed" err="rpc error: code = (Canceled desc = context canceled"'
         r'|(NotFound|Unknown) desc = failed to exec in container: (failed to create exec \\"\w+\\": '
         r"(container not created: not found|cannot exec in a (stopped|deleted) state|ttrpc: closed)"
+        r'|failed to start exec \\"\w+\\": OCI runtime exec failed: exec failed: cannot exec in a stopped container'
         r"|failed to load task: no running task found: not found"
         r'|container is in CONTAINER_EXITED state)")'
     ),
