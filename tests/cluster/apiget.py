@@ -222,14 +222,19 @@ class ApiReader:
             return None  # kubectl's "the server doesn't have a resource type" message is kubectl's to give
         status, body = self.request(resource.path(req.namespace, req.name), req.query, timeout)
         if status != 200:
-            reason = body.get("reason", "Unknown") if isinstance(body, dict) else "Unknown"
-            message = body.get("message", "") if isinstance(body, dict) else str(body)
-            raise ApiError(f"Error from server ({reason}): {message}")
+            raise ApiError(server_error(body))
         if req.name is not None:
             return _as_kubectl_prints(body, req.managed_fields)
         typed = ({"apiVersion": resource.group_version, "kind": resource.kind, **i} for i in body.get("items", []))
         items = [_as_kubectl_prints(item, req.managed_fields) for item in typed]
         return {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}
+
+
+def server_error(body: Any) -> str:
+    """kubectl's line for a call the server refused, from the Status it answered."""
+    reason = body.get("reason", "Unknown") if isinstance(body, dict) else "Unknown"
+    message = body.get("message", "") if isinstance(body, dict) else str(body)
+    return f"Error from server ({reason}): {message}"
 
 
 def _as_kubectl_prints(obj: dict[str, Any], managed_fields: bool) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from dra_driver.slices.limits import parse_minor
-from tests.cluster.apiget import ApiError, ApiReader
+from tests.cluster.apiget import ApiError, ApiReader, server_error
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
@@ -437,9 +437,7 @@ class ControlPlane:
         Raises KubectlError, as kubectl fails, where the server refuses it."""
         status, answer = self._api().request(path, method=method, body=body, content_type=content_type)
         if status >= 300:
-            message = answer.get("message", "") if isinstance(answer, dict) else str(answer)
-            reason = answer.get("reason", "Unknown") if isinstance(answer, dict) else "Unknown"
-            raise KubectlError(1, [method, path], "", f"Error from server ({reason}): {message}")
+            raise KubectlError(1, [method, path], "", server_error(answer))
         return answer
 
     def pod_log(self, name: str, namespace: str, *, check: bool = True) -> str:
