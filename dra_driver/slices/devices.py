@@ -110,12 +110,14 @@ def _whole_gpu(inv: Inventory, gpu: GpuInfo) -> Device:
     )
 
 
-def _mig_attributes(inv: Inventory, gpu: GpuInfo, profile_name: str) -> dict[str, DeviceAttribute]:
+def _mig_attributes(gpu: GpuInfo, profile_name: str, common: dict[str, DeviceAttribute]) -> dict[str, DeviceAttribute]:
+    """`common`: the GPU's _common_attributes, built once for all its partitions (their values are never changed in
+    place, only replaced)."""
     return {
         A.ATTR_TYPE: DeviceAttribute(string=A.TYPE_MIG),
         A.ATTR_PARENT_UUID: DeviceAttribute(string=gpu.uuid),
         A.ATTR_PROFILE: DeviceAttribute(string=profile_name),
-        **_common_attributes(inv, gpu),
+        **common,
     }
 
 
@@ -123,14 +125,13 @@ def _capacities(profile: MigProfile) -> dict[str, DeviceCapacity]:
     return {k: DeviceCapacity(value=_quantity(k, v)) for k, v in profile_capacities(profile).items()}
 
 
-def _counted(profiles: tuple[MigProfile, ...], values: dict[str, int]) -> dict[str, Counter]:
-    """The capacity counters of `values` that bind (counters.binding_capacities), by counter name."""
-    bind = binding_capacities(profiles)
+def _counted(bind: tuple[str, ...], values: dict[str, int]) -> dict[str, Counter]:
+    """The capacity counters of `values` that bind (`bind`: counters.binding_capacities), by counter name."""
     return {A.counter_name(k): Counter(value=_quantity(k, v)) for k, v in values.items() if v and k in bind}
 
 
-def _counter_set(gpu: GpuInfo) -> CounterSet:
-    counters = _counted(gpu.mig_profiles, counter_totals(gpu.mig_profiles))
+def _counter_set(gpu: GpuInfo, bind: tuple[str, ...]) -> CounterSet:
+    counters = _counted(bind, counter_totals(gpu.mig_profiles))
     for s in range(memory_slice_count(gpu.mig_profiles)):
         counters[A.memory_slice_counter(s)] = Counter(value="1")
     return CounterSet(name=counter_set_name(gpu.minor), counters=counters)
@@ -151,7 +152,10 @@ def _partitionable(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
         # and no counter set (the API rejects an empty one).
         group.devices.append(_whole_gpu(inv, gpu))
         return group
-    counter_set = _counter_set(gpu)
+    # once per GPU: the caches below are keyed by the profiles, and comparing pydantic models costs (a third of a
+    # partitionable pool's build when it was looked up per device)
+    bind = binding_capacities(gpu.mig_profiles)
+    counter_set = _counter_set(gpu, bind)
     group.counter_set = counter_set
     if not (gpu.mig_enabled and gpu.mig_toggle_needs_reset):  # Ampere with MIG on cannot be handed out whole
         whole = _whole_gpu(inv, gpu)
@@ -163,14 +167,15 @@ def _partitionable(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
         ((p, pl.start) for p in gpu.mig_profiles for pl in p.placements),
         key=lambda item: _partition_order(*item),
     )
+    common = _common_attributes(inv, gpu)
     for profile, start in partitions:
-        consumed = _counted(gpu.mig_profiles, profile_capacities(profile))
+        consumed = _counted(bind, profile_capacities(profile))
         for s in range(start, start + profile.memory_slices):
             consumed[A.memory_slice_counter(s)] = Counter(value="1")
         group.devices.append(
             Device(
                 name=mig_device_name(gpu.minor, profile.name, profile.id, start),
-                attributes=_mig_attributes(inv, gpu, profile.name),
+                attributes=_mig_attributes(gpu, profile.name, common),
                 capacity=_capacities(profile),
                 consumes_counters=[DeviceCounterConsumption(counter_set=counter_set.name, counters=consumed)],
             )
@@ -186,9 +191,10 @@ def _static(inv: Inventory, gpu: GpuInfo, include_mig: bool) -> GpuDevices:
     if not include_mig:
         log.warning("GPU %d has MIG enabled; not published in whole-GPU mode", gpu.minor)
         return group
+    common = _common_attributes(inv, gpu)
     for inst in sorted(gpu.mig_instances, key=lambda i: (i.placement.start, i.gpu_instance_id)):
         profile = gpu.profile(inst.profile_id)
-        attrs = _mig_attributes(inv, gpu, profile.name)
+        attrs = _mig_attributes(gpu, profile.name, common)
         attrs[A.ATTR_UUID] = DeviceAttribute(string=inst.uuid)
         capacity = _capacities(profile)
         for s in range(inst.placement.start, inst.placement.start + inst.placement.size):

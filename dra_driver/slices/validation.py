@@ -6,6 +6,7 @@ is reported up front, naming the slice, device and limit, instead of a rejected 
 
 from __future__ import annotations
 
+import functools
 import re
 
 from dra_driver.api.slice import Device, DeviceAttribute, ResourceSlice
@@ -38,12 +39,22 @@ def _check_label(kind: str, name: str) -> None:
         raise SliceLimitError(f"{kind} name {name!r} is not a DNS label (lower case, '-', at most 63 characters)")
 
 
-def _check_qualified_name(where: str, name: str) -> None:
+@functools.cache
+def _qualified_name_problem(name: str) -> str | None:
+    """What is wrong with attribute or capacity name `name`, if anything (cached: a pool repeats a few names on
+    every device)."""
     domain, _, ident = name.rpartition("/")
     if len(ident) > QUALIFIED_ID_MAX_LENGTH or not _C_IDENTIFIER.match(ident):
-        raise SliceLimitError(f"{where}: {name!r} is not a qualified name (C identifier of at most 32)")
+        return f"{name!r} is not a qualified name (C identifier of at most 32)"
     if domain and (len(domain) > DRIVER_NAME_MAX_LENGTH or not _DNS_SUBDOMAIN.match(domain)):
-        raise SliceLimitError(f"{where}: domain of {name!r} is not a DNS subdomain of at most 63 characters")
+        return f"domain of {name!r} is not a DNS subdomain of at most 63 characters"
+    return None
+
+
+def _check_qualified_name(where: str, name: str) -> None:
+    problem = _qualified_name_problem(name)
+    if problem is not None:
+        raise SliceLimitError(f"{where}: {problem}")
 
 
 def uses_advanced_features(devices: list[Device]) -> bool:
