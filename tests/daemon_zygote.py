@@ -36,15 +36,23 @@ def die_with_parent() -> None:
 
 
 def preload() -> None:
-    """Import what `dra-driver plugin` imports (only that: module-level side effects stay those of a daemon)."""
+    """Import what `dra-driver plugin --sim` imports (only that: module-level side effects stay those of a daemon),
+    and build the pure data every daemon builds the same: the CEL environment (once it serves) and the simulator's
+    product files."""
     import dra_driver.cli
     import dra_driver.controller.publisher
     import dra_driver.daemon
     import dra_driver.labels
     import dra_driver.plugin.class_cache
     import dra_driver.plugin.grpc.server
+    import dra_driver.plugin.selectors
+    import dra_driver.simulator.catalog
+    import dra_driver.simulator.nvml
     import dra_driver.slices.builder
-    import dra_driver.telemetry  # noqa: F401  (the daemon imports these once it serves)
+    import dra_driver.telemetry  # the daemon imports it once it serves
+
+    dra_driver.plugin.selectors.warm_up()
+    dra_driver.simulator.catalog.machine_names()
 
 
 def _child(request: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from dra_driver.api.slice import DeviceTaint, ResourceSlice
 from dra_driver.health.monitor import INFORMATIONAL_EFFECT_MINOR, publishable
 from dra_driver.kube.rest import ApiError, KubeRest, connect
 from dra_driver.nvml.discovery import discover
+from dra_driver.nvml.inventory import Inventory
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
@@ -51,13 +53,18 @@ def node(server: ControlPlane) -> Iterator[tuple[str, str]]:
     server.delete_node(NODE)
 
 
-def _slices(
-    machine: str, tmp_path: Path, node: tuple[str, str], version: str, mode: PublishMode
-) -> list[ResourceSlice]:
-    sim = SimulatedNvml(machine, tmp_path / "sim")
-    inventory = discover(sim, sim.sysfs_root)
+@functools.cache
+def _inventory(machine: str) -> Inventory:
+    """The machine as discovered, once per process: a simulated node and its discovery take 0.1 s, for each of the
+    module's 250 tests otherwise."""
+    with tempfile.TemporaryDirectory(prefix="accepts-") as tmp:
+        sim = SimulatedNvml(machine, Path(tmp) / "sim")
+        return discover(sim, sim.sysfs_root)
+
+
+def _slices(machine: str, node: tuple[str, str], version: str, mode: PublishMode) -> list[ResourceSlice]:
     name, uid = node
-    return build_slices(inventory, node_name=name, node_uid=uid, k8s_version=version, mode=mode)
+    return build_slices(_inventory(machine), node_name=name, node_uid=uid, k8s_version=version, mode=mode)
 
 
 def _as_list(slices: list[dict[str, Any]]) -> str:
@@ -140,7 +147,6 @@ def test_server_accepts_our_slices(
     server: ControlPlane,
     minor: int,
     node: tuple[str, str],
-    tmp_path: Path,
     machine: str,
     behind: int,
     mode: PublishMode,
@@ -149,7 +155,7 @@ def test_server_accepts_our_slices(
     control plane during an upgrade), back to 1.35: from 1.35 on servers refuse 1.34's layout and 1.34 refuses later
     ones (the test below)."""
     version = f"1.{max(minor - behind, min(minor, 35))}"
-    slices = [s.to_api() for s in _slices(machine, tmp_path, node, version, mode)]
+    slices = [s.to_api() for s in _slices(machine, node, version, mode)]
     _apply_and_compare(server, slices, node, f"{machine}/{version}/{mode}")
 
 
@@ -158,11 +164,9 @@ def test_server_keeps_device_taints(
     server: ControlPlane,
     minor: int,
     node: tuple[str, str],
-    tmp_path: Path,
     effect: Literal["None", "NoSchedule", "NoExecute"],
 ) -> None:
-    sim = SimulatedNvml("dgx-h200", tmp_path / "sim")
-    inventory = discover(sim, sim.sysfs_root)
+    inventory = _inventory("dgx-h200")
     taints = {"gpu-0": [DeviceTaint(key="example.com/unhealthy", value="xid-79", effect=effect)]}
     slices = build_slices(inventory, node_name=node[0], node_uid=node[1], k8s_version=minor, taints=taints)
     if effect == "None" and minor < INFORMATIONAL_EFFECT_MINOR:
@@ -174,8 +178,8 @@ def test_server_keeps_device_taints(
     _apply_and_compare(server, [s.to_api() for s in slices], node, f"a {effect} taint", table=True)
 
 
-def _partitionable_h200(tmp_path: Path, node: tuple[str, str], version: str) -> list[dict[str, Any]]:
-    return [s.to_api() for s in _slices("dgx-h200", tmp_path, node, version, PublishMode.PARTITIONABLE)]
+def _partitionable_h200(node: tuple[str, str], version: str) -> list[dict[str, Any]]:
+    return [s.to_api() for s in _slices("dgx-h200", node, version, PublishMode.PARTITIONABLE)]
 
 
 def _create(cp: ControlPlane, obj: dict[str, Any]) -> str:
@@ -217,50 +221,46 @@ def _at_the_limit(slices: list[dict[str, Any]], minor: int, beyond: bool) -> tup
 
 
 def test_server_refuses_one_device_past_its_minors_bound(
-    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
+    server: ControlPlane, minor: int, node: tuple[str, str]
 ) -> None:
-    bad, message = _at_the_limit(_partitionable_h200(tmp_path, node, f"1.{minor}"), minor, beyond=True)
+    bad, message = _at_the_limit(_partitionable_h200(node, f"1.{minor}"), minor, beyond=True)
     bad["metadata"]["name"] = "too-many-devices"
     err = _create(server, bad)
     assert message in err, err
 
 
-def test_server_accepts_a_slice_at_its_minors_bound(
-    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
-) -> None:
+def test_server_accepts_a_slice_at_its_minors_bound(server: ControlPlane, minor: int, node: tuple[str, str]) -> None:
     """The control for the test above: the same slice one device shorter is fine."""
-    ok, _ = _at_the_limit(_partitionable_h200(tmp_path, node, f"1.{minor}"), minor, beyond=False)
+    ok, _ = _at_the_limit(_partitionable_h200(node, f"1.{minor}"), minor, beyond=False)
     ok["metadata"]["name"] = "just-enough-devices"
     try:
-        server.kubectl("create", "-f", "-", input=json.dumps(ok))
+        server.create(ok)
     finally:
         _delete_slices(server, node[0])
 
 
-def test_server_refuses_the_other_counter_layout(
-    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
-) -> None:
+def test_server_refuses_the_other_counter_layout(server: ControlPlane, minor: int, node: tuple[str, str]) -> None:
     """1.34 kept a GPU's counter set and devices in one slice; from 1.35 a slice holds only one of them, the devices
     consuming sets anywhere in the pool. Each server refuses the other's layout."""
     if minor == 34:
-        slices = _partitionable_h200(tmp_path, node, "1.35")
+        slices = _partitionable_h200(node, "1.35")
         assert not slices[1]["spec"].get("sharedCounters") and slices[1]["spec"].get("devices")
         err = _create(server, slices[1])
         assert "must reference a counterSet defined in the ResourceSlice sharedCounters" in err, err
         return
-    slices = _partitionable_h200(tmp_path, node, "1.34")
+    slices = _partitionable_h200(node, "1.34")
     assert slices[0]["spec"].get("sharedCounters") and slices[0]["spec"].get("devices")
     err = _create(server, slices[0])
     assert "only one of `sharedCounters` or `devices` is allowed" in err, err
 
 
 def test_the_scheduler_of_each_minor_allocates_from_its_layout(
-    server: ControlPlane, minor: int, node: tuple[str, str], tmp_path: Path
+    server: ControlPlane, minor: int, node: tuple[str, str]
 ) -> None:
     """The minor's own kube-scheduler, with the gates the layouts use, allocates a whole GPU and a MIG partition on
     demand from the partitionable slices the driver publishes for it (1.34 with DRADeviceTaints also needs
     resource.k8s.io/v1alpha3: its scheduler waits for DeviceTaintRules, tests.cluster.controlplane)."""
-    slices = [s.to_api() for s in _slices("dgx-h100", tmp_path, node, f"1.{minor}", PublishMode.PARTITIONABLE)]
+    slices = [s.to_api() for s in _slices("dgx-h100", node, f"1.{minor}", PublishMode.PARTITIONABLE)]
     namespace = f"schedule-{minor}"
     server.kubectl("apply", "-f", "-", input=_as_list([*classes(), *slices]))
     server.create_namespace(namespace)
@@ -276,7 +276,7 @@ def test_the_scheduler_of_each_minor_allocates_from_its_layout(
             assert result["device"].startswith("gpu-") and ("-mig-" in result["device"]) == (cls != "gpu"), result
     finally:
         # no kubelet confirms a bound pod's end: force it, or the namespace waits for it
-        server.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=true")
+        server.delete("pods", namespace=namespace, grace_period=0, wait=120)
         server.delete_namespace(namespace, pods_first=False)
         server.kubectl("delete", "--ignore-not-found", "-f", "-", input=_as_list(classes()))
         _delete_slices(server, node[0])
