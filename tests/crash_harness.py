@@ -53,6 +53,7 @@ from dra_driver.sharing import DriverRootRunner
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.tools.state import SharingState
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
+from tests.cluster.controlplane import KubectlError
 from tests.daemon_zygote import Zygote, ZygoteChild, die_with_parent
 from tests.kubelet_harness import KubeletHarness
 from tests.sharing_helpers import stop_daemons
@@ -146,19 +147,6 @@ RECOVERY_SETUPS: tuple[RecoverySetup, ...] = (
 ORPHAN_GPU = 7  # index and minor of the GPU that gets an orphan MIG device
 
 
-def _json_documents(text: str) -> list[dict[str, Any]]:
-    """kubectl prints one JSON document per object created from a List: the objects (lists flattened)."""
-    decoder, docs, at = json.JSONDecoder(), [], 0
-    while True:
-        while at < len(text) and text[at].isspace():
-            at += 1
-        if at >= len(text):
-            break
-        doc, at = decoder.raw_decode(text, at)
-        docs.extend(doc.get("items") or [] if doc.get("kind", "").endswith("List") else [doc])
-    return docs
-
-
 class ClusterClaims:
     """The harness's DeviceClasses and allocated ResourceClaims in a real API server (created once, reused by every
     trial: a claim is unprepared at the end of each trial)."""
@@ -201,30 +189,20 @@ class ClusterClaims:
 
     def create(self, specs: Iterable[ClaimSpec]) -> dict[str, ClaimRef]:
         """Create the classes and one allocated claim per spec; their refs by spec key."""
-        classes = [self._class(self.gpu_class, "gpu"), self._class(self.mig_class, "mig")]
-        self.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
+        self.cp.apply(self._class(self.gpu_class, "gpu"), self._class(self.mig_class, "mig"))
         refs: dict[str, ClaimRef] = {}
-        objects = {s.key: self.claim_object(s, f"{self.prefix}-{s.key}") for s in specs}
-        body = {
-            "apiVersion": "v1",
-            "kind": "List",
-            "items": [{k: v for k, v in o.items() if k != "status"} for o in objects.values()],
-        }
-        self.names.extend(o["metadata"]["name"] for o in objects.values())
-        out = self.cp.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(body)).stdout
-        by_name = {o["metadata"]["name"]: o for o in _json_documents(out)}
-        for key, obj in objects.items():
+        for key, obj in ((s.key, self.claim_object(s, f"{self.prefix}-{s.key}")) for s in specs):
             name = obj["metadata"]["name"]
-            self.cp.kubectl("patch", "resourceclaim", name, "-n", "default", "--subresource=status", "--type=merge",
-                            "-p", json.dumps({"status": obj["status"]}))  # fmt: skip
-            refs[key] = ClaimRef(namespace="default", name=name, uid=by_name[name]["metadata"]["uid"])
+            self.names.append(name)
+            created = self.cp.create_allocated(obj)
+            refs[key] = ClaimRef(namespace="default", name=name, uid=created["metadata"]["uid"])
         return refs
 
     def delete(self) -> None:
-        if self.names:
-            self.cp.kubectl("delete", "resourceclaim", "-n", "default", "--ignore-not-found", "--wait=false",
-                            *self.names, check=False)  # fmt: skip
-        self.cp.kubectl("delete", "deviceclass", "--ignore-not-found", self.gpu_class, self.mig_class, check=False)
+        with contextlib.suppress(KubectlError):  # best effort, after the trials
+            self.cp.delete("resourceclaim", *self.names)
+        with contextlib.suppress(KubectlError):
+            self.cp.delete("deviceclass", self.gpu_class, self.mig_class)
 
 
 # ----- the daemon -----------------------------------------------------------------------------------------------
@@ -1012,8 +990,8 @@ def run_matrix(
             if spawner is not None:
                 spawner.close()
             claims.delete()
-            cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={name}", "--ignore-not-found",
-                       check=False)  # fmt: skip
+            with contextlib.suppress(KubectlError):
+                cp.delete("resourceslices", field_selector=f"spec.nodeName={name}")
             cp.delete_node(name)
 
     threads = [threading.Thread(target=worker, args=(i,), name=f"crash-{i}") for i in range(max(1, workers))]

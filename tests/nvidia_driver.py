@@ -322,12 +322,7 @@ class NvidiaKubeletPlugin:
 
     def delete_slices(self) -> None:
         """What a stopped plugin leaves: the kubelet (or the next start) removes a node's slices; here the test."""
-        self.cp.kubectl(
-            "delete",
-            "resourceslices",
-            f"--field-selector=spec.driver={DRIVER},spec.nodeName={self.node}",
-            "--wait=true",
-        )
+        self.cp.delete("resourceslices", wait=120, field_selector=f"spec.driver={DRIVER},spec.nodeName={self.node}")
 
 
 def _complete(items: list[dict[str, Any]]) -> bool:

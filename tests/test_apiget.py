@@ -60,6 +60,7 @@ READS = [
     ("get", "configmaps", "-n", NS, "-l", "tier=a"),
     ("get", "configmap", "-A", "--selector", "tier=b"),
     ("get", "cm", "-n", NS, "--field-selector", "metadata.name=cm-2"),
+    ("get", "cm", "--namespace=" + NS, "--field-selector=metadata.name=cm-1", "--selector=tier=a"),
     ("get", "node", "apiget-node"),
     ("get", "nodes", "-l", "tier=a"),
     ("get", "resourceclaim", "rc", "-n", NS),
@@ -103,6 +104,8 @@ def test_a_refused_read_fails_as_kubectl_fails(cluster: ControlPlane, args: tupl
         ("get", "pods", "-n", NS, "-o", "yaml"),
         ("get", "pods", "-n", NS, "-o", "jsonpath={.items}"),
         ("get", "pods", "--sort-by", ".metadata.name", "-o", "json"),
+        ("get", "pods", "--sort-by=.metadata.name", "-o", "json"),
+        ("get", "pods", "--output=yaml"),
         ("get", "pod", "p", "-A", "-o", "json"),
         ("apply", "-f", "-", "-o", "json"),
         ("version", "-o", "json"),
@@ -189,3 +192,74 @@ def test_a_connection_dropped_without_tls_close_is_replaced(tmp_path: Any) -> No
     listener.close()
     with pytest.raises(OSError):
         r.request("/api/v1/namespaces/x")  # the dead kept-alive one, then nothing listening: refused
+
+
+# ----- writes: ControlPlane.apply/create/delete/patch against what kubectl does with the same objects
+def _stored(cp: ControlPlane, kind: str, name: str) -> dict[str, Any]:
+    """The fields a test cares about: what kubectl and the in-process write both set."""
+    obj = cp.kubectl_json("get", kind, name, "-n", NS)
+    return {"labels": obj["metadata"].get("labels"), "data": obj.get("data"), "spec": obj.get("spec")}
+
+
+def test_apply_creates_then_updates_as_kubectl_apply_does(cluster: ControlPlane) -> None:
+    def config_map(name: str, tier: str, data: dict[str, str]) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "data": data,
+                "metadata": {"name": name, "namespace": NS, "labels": {"tier": tier}}}  # fmt: skip
+
+    for tier, data in (("a", {"k": "1"}), ("b", {"k": "2", "l": "3"})):  # created, then changed
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(config_map("by-kubectl", tier, data)))
+        cluster.apply({"apiVersion": "v1", "kind": "List", "items": [config_map("in-process", tier, data)]})
+        assert _stored(cluster, "configmap", "in-process") == _stored(cluster, "configmap", "by-kubectl")
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "applied"},
+             "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "none"}}]}}}  # fmt: skip
+    (stored,) = cluster.apply(claim, namespace=NS)  # a namespaced object without one takes the call's
+    assert stored["metadata"]["namespace"] == NS and stored["metadata"]["uid"]
+    assert _stored(cluster, "resourceclaim", "applied")["spec"]["devices"]["requests"][0]["name"] == "r"
+
+
+def test_create_answers_the_stored_object_and_a_refusal_as_kubectl(cluster: ControlPlane) -> None:
+    obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "created", "namespace": NS}}
+    created = cluster.create(obj)
+    assert (
+        created["metadata"]["uid"] == cluster.kubectl_json("get", "configmap", "created", "-n", NS)["metadata"]["uid"]
+    )
+    with pytest.raises(KubectlError) as refused:
+        cluster.create(obj)
+    assert refused.value.stderr == 'Error from server (AlreadyExists): configmaps "created" already exists'
+    with pytest.raises(KubectlError, match="resource mapping not found"):
+        cluster.create({"apiVersion": "v1", "kind": "NoSuchKind", "metadata": {"name": "x"}})
+
+
+def test_patch_merges_into_the_object_and_its_status(cluster: ControlPlane) -> None:
+    cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "patched", "namespace": NS},
+                    "data": {"a": "1"}})  # fmt: skip
+    cluster.patch("cm", "patched", {"data": {"b": "2"}}, namespace=NS)
+    cluster.patch("configmap", "patched", [{"op": "remove", "path": "/data/a"}], namespace=NS, type="json")
+    assert _stored(cluster, "configmap", "patched")["data"] == {"b": "2"}
+    results = [{"request": "r", "driver": "gpu.example.com", "pool": "p", "device": "d"}]
+    cluster.patch("resourceclaim", "rc", {"status": {"allocation": {"devices": {"results": results}}}},
+                  namespace=NS, subresource="status")  # fmt: skip
+    assert cluster.kubectl_json("get", "resourceclaim", "rc", "-n", NS)["status"]["allocation"]["devices"]["results"]
+    cluster.patch("resourceclaim", "rc", {"status": None}, namespace=NS, subresource="status")
+
+
+def test_delete_by_name_or_selector_waits_when_asked(cluster: ControlPlane) -> None:
+    for i in range(3):
+        cluster.create({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": f"del-{i}", "namespace": NS, "labels": {"del": str(i % 2)}}})  # fmt: skip
+    cluster.delete("configmap", "del-0", namespace=NS, wait=30)
+    assert "(NotFound)" in _refusal(cluster, "configmap", "del-0")
+    cluster.delete("cm", namespace=NS, label_selector="del=1", wait=30)
+    assert "(NotFound)" in _refusal(cluster, "configmap", "del-1")
+    assert cluster.kubectl_json("get", "configmap", "del-2", "-n", NS)["metadata"]["name"] == "del-2"
+    cluster.delete("configmap", "del-0", namespace=NS)  # already gone: as --ignore-not-found
+    with pytest.raises(KubectlError) as refused:
+        cluster.delete("configmap", "del-0", namespace=NS, missing_ok=False)
+    assert refused.value.stderr == 'Error from server (NotFound): configmaps "del-0" not found'
+    cluster.delete("configmap", "del-2", namespace=NS)
+
+
+def _refusal(cp: ControlPlane, kind: str, name: str) -> str:
+    with pytest.raises(KubectlError) as refused:
+        cp.kubectl_json("get", kind, name, "-n", NS)
+    return str(refused.value.stderr)

@@ -151,7 +151,7 @@ def test_the_api_server_accepts_every_webhook_object(helm: Helm, control_plane: 
     manifest = _template(helm, *ENABLED)
     count = sum(1 for d in yaml.safe_load_all(manifest) if d)
     if control_plane.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
-        control_plane.kubectl("create", "namespace", NAMESPACE)
+        control_plane.create_namespace(NAMESPACE)
     out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest).stdout
     assert len([line for line in out.splitlines() if line.endswith("(server dry run)")]) == count, out
     assert f"validatingwebhookconfiguration.admissionregistration.k8s.io/{NAME} created (server dry run)" in out
@@ -160,7 +160,7 @@ def test_the_api_server_accepts_every_webhook_object(helm: Helm, control_plane: 
 def test_an_upgrade_keeps_the_certificate(helm: Helm, control_plane: ControlPlane) -> None:
     """`lookup` finds the Secret of the earlier install: the same CA and certificate, not a new pair per upgrade."""
     namespace = "webhook-chart-upgrade"
-    control_plane.kubectl("create", "namespace", namespace)
+    control_plane.create_namespace(namespace)
     try:
         first = _render(helm, *ENABLED, namespace=namespace)
         secret = _one(first, "Secret", f"{NAME}-tls")
@@ -178,7 +178,7 @@ def test_an_upgrade_keeps_the_certificate(helm: Helm, control_plane: ControlPlan
         fresh = _render(helm, *ENABLED, namespace=namespace)  # no cluster to look in: a new pair
         assert _one(fresh, "Secret", f"{NAME}-tls")["data"]["ca.crt"] != bundle
     finally:
-        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+        control_plane.delete("namespace", namespace, missing_ok=False)
 
 
 def test_the_rules_and_match_conditions_on_the_real_api_server(
@@ -196,7 +196,7 @@ def test_the_rules_and_match_conditions_on_the_real_api_server(
         h["clientConfig"] = {"url": hook.url, "caBundle": hook.ca_bundle}
         # this test's namespace only: the other tests of the shared cluster never reach this webhook
         h["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    cp.kubectl("create", "namespace", namespace)
+    cp.create_namespace(namespace)
     try:
         cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(config))
 
@@ -225,6 +225,6 @@ def test_the_rules_and_match_conditions_on_the_real_api_server(
         )
         assert after == asked, "the matchConditions let claims without a config of ours through to the webhook"
     finally:
-        cp.kubectl("delete", "validatingwebhookconfiguration", "webhook-chart-rules-test", "--ignore-not-found")
-        cp.kubectl("delete", "namespace", namespace, "--wait=false")
+        cp.delete("validatingwebhookconfiguration", "webhook-chart-rules-test", wait=120)
+        cp.delete("namespace", namespace, missing_ok=False)
         hook.server.stop()

@@ -3,7 +3,6 @@ control plane, with the kubelet played over the real sockets."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -22,7 +21,6 @@ from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import GPU_CLASS, claim, ref
 from tests.polling import wait_for
-from tests.test_plugin_apiserver import _create
 from tests.test_publisher import pool, pool_complete
 
 NODE = "daemon-node"
@@ -80,10 +78,10 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
         health_stream = kubelet.watch_resources(timeout=120)  # as the kubelet does (ResourceHealthStatus, 1.36)
         first = next_health(health_stream, "gpu-4", HEALTHY)
         assert len(first) == 8 and set(first.values()) == {HEALTHY}
-        cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                                                          "metadata": {"name": "daemon-gpu"},
-                                                         "spec": GPU_CLASS["spec"]}))  # fmt: skip
-        created = _create(cp, claim(["gpu-4"], device_class="daemon-gpu", pool=NODE))
+                                                         "spec": GPU_CLASS["spec"]})  # fmt: skip
+        created = cp.create_allocated(claim(["gpu-4"], device_class="daemon-gpu", pool=NODE))
         c_ref = ref(created)
         result = kubelet.prepare([c_ref])[c_ref.uid]
         assert result.error == "" and result.devices[0].device == "gpu-4"
@@ -125,7 +123,7 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
         kubelet.close()
         daemon.send_signal(signal.SIGTERM)
         out, _ = daemon.communicate(timeout=60)
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}", "--ignore-not-found")
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}")
         cp.delete_node(NODE)
     assert daemon.returncode == 0, out
     assert not list((sockets / "registry").glob("*.sock")) and not (sockets / "plugin" / "dra.sock").exists()

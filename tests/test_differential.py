@@ -101,17 +101,17 @@ def cluster(control_plane, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         s.to_api()
         for s in build_slices(discover(sim, sim.sysfs_root), node_name=NODE, k8s_version="1.36", node_uid=uid)
     ]
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [*slices, *CLASSES]}))
-    cp.kubectl("create", "namespace", NS)
+    cp.apply(*slices, *CLASSES)
+    cp.create_namespace(NS)
     yield cp, slices
-    cp.kubectl("delete", "namespace", NS, "--wait=false")
-    cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}")
+    cp.delete("namespace", NS, missing_ok=False)
+    cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}")
     cp.delete_node(NODE)
 
 
 def _cleanup(cp: Any) -> None:
-    cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force", "--wait=true")
-    cp.kubectl("delete", "resourceclaims", "--all", "-n", NS, "--wait=true", timeout=120)
+    cp.delete("pods", namespace=NS, grace_period=0, wait=120)
+    cp.delete("resourceclaims", namespace=NS, wait=120)
 
 
 def _numa(slices: list[dict[str, Any]], device: str) -> int:
@@ -211,7 +211,7 @@ def test_a_device_taint_rule_steers_the_scheduler_and_simulate_alike(cluster) ->
         claim("pinned-to-gpu0", request("g", "gpu", selectors=[ON_GPU0])),
         claim("tolerating-gpu0", tolerating),
     ]
-    cp.kubectl("apply", "-f", "-", input=json.dumps(rule))
+    cp.apply(rule)
     try:
         time.sleep(2)  # the scheduler's ResourceSlice tracker applies the rule from its informer
         scheduler = [schedule_claim(cp, c, NODE, NS) for c in claims]
@@ -235,4 +235,4 @@ def test_a_device_taint_rule_steers_the_scheduler_and_simulate_alike(cluster) ->
         assert [o["claim"] for o in pending] == [f"{NS}/pinned-to-gpu0"], live.stdout
     finally:
         _cleanup(cp)
-        cp.kubectl("delete", "devicetaintrule", "diff-maintenance", "--ignore-not-found")
+        cp.delete("devicetaintrule", "diff-maintenance", wait=120)

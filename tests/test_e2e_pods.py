@@ -153,9 +153,9 @@ def node(control_plane, tmp_path: Path) -> Iterator[Node]:
         yield n
     finally:
         n.stop()
-        cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force")
+        cp.delete("pods", namespace=NS, grace_period=0, wait=120)
         cp.delete_namespace(NS, pods_first=False)
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}")
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}")
         cp.delete_node(NODE)
 
 
@@ -172,13 +172,13 @@ def test_pods_get_gpus_mig_partitions_and_shared_gpus(node: Node) -> None:
         {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "shared", "namespace": NS},
          "spec": {"devices": {"requests": [req("gpu", SHARED)]}}},
     ]  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    cp.apply(*objects)
     pods = [pod("whole", template_name="one-gpu"), pod("pair", template_name="two-same-product"),
             pod("small", template_name="one-1g"), pod("filled", template_name="fill-a-gpu"),
             *[pod(f"share-{i}", claim_name="shared") for i in range(3)]]  # fmt: skip
     prepared: dict[str, list[tuple[str, Any]]] = {}
     for p in pods:  # one at a time: the allocation order is then the same every run
-        cp.kubectl("apply", "-f", "-", input=json.dumps(p))
+        cp.apply(p)
         prepared[p["metadata"]["name"]] = node.run(p["metadata"]["name"])
 
     (_, whole), = prepared["whole"]  # fmt: skip
@@ -205,7 +205,7 @@ def test_pods_get_gpus_mig_partitions_and_shared_gpus(node: Node) -> None:
     assert any("--set-timeslice" in c.get("argv", []) for c in smi), smi  # the class's time-slicing config applied
     assert len(list(node.cdi_root.glob("*.json"))) == 5  # whole, pair, small, filled, shared
 
-    cp.kubectl("apply", "-f", "-", input=json.dumps(pod("too-big", template_name="nine-gpus")))
+    cp.apply(pod("too-big", template_name="nine-gpus"))
     assert node.scheduled("too-big") is False
     out = subprocess.run([sys.executable, "-m", "dra_driver", "simulate", "--kubeconfig", str(cp.kubeconfig),
                           "--node", NODE], capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -213,7 +213,7 @@ def test_pods_get_gpus_mig_partitions_and_shared_gpus(node: Node) -> None:
 
     # pods go away: the kubelet unprepares their claims; everything is released
     refs = {r.uid: r for p in pods for r in node.claims_of(p["metadata"]["name"])}
-    cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force")
+    cp.delete("pods", namespace=NS, grace_period=0, wait=120)
     assert set(node.kubelet.unprepare(list(refs.values())).values()) == {""}
     assert node.mig_instances() == [] and list(node.cdi_root.glob("*.json")) == []
     assert all(g.mig_current == 0 for g in node.sim.store.read().gpus)  # Hopper: MIG off again

@@ -40,7 +40,8 @@ def advertise(cp: ControlPlane, node: str, count: int) -> None:
 def publish(cp: ControlPlane, node: str, tmp: Path) -> None:
     _, slices = fleet(1, tmp, PublishMode.STATIC)
     items = json.loads(json.dumps(slices).replace("node-000", node))
-    cp.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    for item in items:
+        cp.create(item)
 
 
 def placed(cp: ControlPlane, name: str, namespace: str = NS) -> dict[str, Any]:
@@ -64,10 +65,8 @@ def test_each_kind_of_node_serves_nvidia_com_gpu_and_a_device_plugin_node_keeps_
     publish(cp, BOTH_NODE, tmp_path)
     pods = ["on-plugin-node", "on-dra-node", "on-both-node", "anywhere"]
     try:
-        cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-            device_plugin_pod("on-plugin-node", PLUGIN_NODE),
-            device_plugin_pod("on-dra-node", DRA_NODE),
-            device_plugin_pod("on-both-node", BOTH_NODE)]}))  # fmt: skip
+        nodes = (PLUGIN_NODE, DRA_NODE, BOTH_NODE)
+        cp.apply(*(device_plugin_pod(n, node) for n, node in zip(pods[:3], nodes, strict=True)))
         plugin_pod, dra_pod, both_pod = (placed(cp, n) for n in pods[:3])
         # the device plugin's nodes serve it from their allocatable: no claim
         assert plugin_pod["spec"]["nodeName"] == PLUGIN_NODE
@@ -84,11 +83,11 @@ def test_each_kind_of_node_serves_nvidia_com_gpu_and_a_device_plugin_node_keeps_
         assert (result["driver"], result["pool"]) == ("gpu.dra-driver.dev", DRA_NODE)
         assert result["device"].startswith("gpu-")
         # both device-plugin GPUs are taken: the next pod of the group can only be served by DRA
-        cp.kubectl("apply", "-f", "-", input=json.dumps(device_plugin_pod("anywhere")))
+        cp.apply(device_plugin_pod("anywhere"))
         anywhere = placed(cp, "anywhere")
         assert anywhere["spec"]["nodeName"] == DRA_NODE and anywhere["status"].get("extendedResourceClaimStatus")
     finally:
-        cp.kubectl("delete", "pod", *pods, "-n", NS, "--ignore-not-found", "--wait=false")
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={DRA_NODE}", check=False)
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={BOTH_NODE}", check=False)
-        cp.kubectl("delete", "node", PLUGIN_NODE, DRA_NODE, BOTH_NODE, "--ignore-not-found", "--wait=false")
+        cp.delete("pod", *pods, namespace=NS)
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={DRA_NODE}", check=False)
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={BOTH_NODE}", check=False)
+        cp.delete("node", PLUGIN_NODE, DRA_NODE, BOTH_NODE)

@@ -44,5 +44,5 @@ def test_floor_plugin_registers_prepares_and_unprepares(control_plane: ControlPl
         proc.wait(20)
         shutil.rmtree(registry, ignore_errors=True)
         delete_claims(api, claims)
-        control_plane.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}", check=False)
+        control_plane.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={node}", check=False)
         control_plane.delete_node(node)

@@ -22,7 +22,6 @@ from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.plugin_helpers import DRIVER, GPU_CLASS, claim
 from tests.polling import wait_for
-from tests.test_plugin_apiserver import _create
 from tests.test_publisher import api_client
 
 XID = pynvml.nvmlEventTypeXidCriticalError
@@ -236,7 +235,7 @@ def test_claim_status_follows_the_health_of_its_device(control_plane, tmp_path: 
     cp = control_plane
     gpu_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                  "metadata": {"name": "claim-health-gpu"}, "spec": GPU_CLASS["spec"]}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps(gpu_class))
+    cp.apply(gpu_class)
     # Allocated as the scheduler allocates a node-local device, plus a device of another driver in the same claim.
     held = claim(["gpu-0"], device_class="claim-health-gpu", pool=NODE)
     held["spec"]["devices"]["requests"].append({"name": "nic", "exactly": {"deviceClassName": "claim-health-gpu"}})
@@ -245,7 +244,7 @@ def test_claim_status_follows_the_health_of_its_device(control_plane, tmp_path: 
     allocation["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
         {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}  # fmt: skip
     bystander = claim(["gpu-1"], device_class="claim-health-gpu", pool=NODE)
-    created = [_create(cp, c) for c in (held, bystander)]
+    created = [cp.create_allocated(c) for c in (held, bystander)]
     name, other_name = (c["metadata"]["name"] for c in created)
     refs = [ClaimRef(namespace="default", name=c["metadata"]["name"], uid=c["metadata"]["uid"]) for c in created]
     # The other driver's own entry, written by its own field manager.
@@ -305,7 +304,7 @@ def test_claim_status_follows_the_health_of_its_device(control_plane, tmp_path: 
         status.stop()
         driver.close()
         for c in created:
-            cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+            cp.delete("resourceclaim", c["metadata"]["name"], missing_ok=False)
 
 
 # ----- data: what the node daemon says of each prepared device (KEP-4817) ---------------------------------------

@@ -10,7 +10,6 @@ events come from another SimulatedNvml on the same state directory, as from the 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -76,7 +75,7 @@ def node(control_plane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     gpu = f"device.driver == '{D}' && device.attributes['{D}'].type == 'gpu'"
     gpu_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
                  "spec": {"selectors": [{"cel": {"expression": gpu}}]}}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps(gpu_class))
+    cp.apply(gpu_class)
     d = Daemon(cp, tmp_path / "gpu")
 
     # daemon.run as the `dra-driver plugin` command runs it, with three test seams: it runs in a thread (signal
@@ -115,11 +114,11 @@ def node(control_plane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
         yield d
     finally:
         d.stop.set()  # the daemon winds down (its pool watch may take up to 30 s to notice) while we clean up
-        cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force")
+        cp.delete("pods", namespace=NS, grace_period=0, wait=120)
         cp.delete_namespace(NS, pods_first=False)
         thread.join(timeout=60)
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}")
-        cp.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found")
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}")
+        cp.delete("deviceclass", CLASS, wait=120)
         cp.delete_node(NODE)
     assert not thread.is_alive() and d.error is None, d.error
 
@@ -160,7 +159,7 @@ def unschedulable(cp: Any, name: str) -> str:
 
 
 def schedule(cp: Any, name: str, **kwargs: Any) -> list[str]:
-    cp.kubectl("apply", "-f", "-", input=json.dumps(claim_and_pod(name, **kwargs)))
+    cp.apply(claim_and_pod(name, **kwargs))
     return list(wait_until(f"claim {name} allocated", lambda: allocated(cp, name)))
 
 
@@ -178,7 +177,7 @@ def test_tainted_device_is_avoided_by_the_scheduler_until_cleared(node: Daemon) 
     # The real scheduler: seven GPUs are the seven healthy ones, an eighth claim stays Pending.
     seven = schedule(cp, "seven", count=7)
     assert len(seven) == 7 and sick not in seven
-    cp.kubectl("apply", "-f", "-", input=json.dumps(claim_and_pod("needs-the-sick-one")))
+    cp.apply(claim_and_pod("needs-the-sick-one"))
     message = wait_until("needs-the-sick-one unschedulable", lambda: unschedulable(cp, "needs-the-sick-one"))
     assert "cannot allocate all claims" in message, message
     assert allocated(cp, "needs-the-sick-one") == []
@@ -186,8 +185,8 @@ def test_tainted_device_is_avoided_by_the_scheduler_until_cleared(node: Daemon) 
     # A request that tolerates the taint may have the device; then it is given back.
     tolerant = schedule(cp, "tolerant", tolerations=[{"key": f"{D}/xid", "operator": "Exists", "effect": "NoSchedule"}])
     assert tolerant == [sick]
-    cp.kubectl("delete", "pod", "tolerant", "-n", NS, "--grace-period=0", "--force")
-    cp.kubectl("delete", "resourceclaim", "tolerant", "-n", NS, "--wait=true", timeout=60)
+    cp.delete("pod", "tolerant", namespace=NS, missing_ok=False, grace_period=0, wait=120)
+    cp.delete("resourceclaim", "tolerant", namespace=NS, missing_ok=False, wait=60)
     assert allocated(cp, "needs-the-sick-one") == [] and unschedulable(cp, "needs-the-sick-one")
 
     # The operator clears the XID: the taint leaves the slice and the pending claim gets the device.

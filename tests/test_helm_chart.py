@@ -369,7 +369,7 @@ def test_api_server_accepts_every_object(helm: Helm, control_plane: ControlPlane
     manifest = _template(helm, *values)
     count = sum(1 for d in yaml.safe_load_all(manifest) if d)
     if control_plane.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
-        control_plane.kubectl("create", "namespace", NAMESPACE)
+        control_plane.create_namespace(NAMESPACE)
     out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest).stdout
     lines = [line for line in out.splitlines() if line.endswith("(server dry run)")]
     assert len(lines) == count, out
@@ -670,8 +670,7 @@ def test_gpu_node_taint_keeps_other_pods_off(helm: Helm, control_plane: ControlP
     slices = build_slices(discover(sim, sim.sysfs_root), node_name=node, k8s_version="1.36", node_uid=uid,
                           mode=PublishMode.GPUS)  # fmt: skip
     cp.kubectl("apply", "-f", str(ROOT / "deviceclasses" / "gpu.yaml"))
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                     "items": [s.to_api() for s in slices]}))  # fmt: skip
+    cp.apply(*(s.to_api() for s in slices))
 
     def scheduled_or_why(name: str) -> str:
         """'scheduled' once bound to the node, the scheduler's message while Unschedulable, else ''."""
@@ -682,7 +681,7 @@ def test_gpu_node_taint_keeps_other_pods_off(helm: Helm, control_plane: ControlP
         return str(cond.get("message", "?")) if cond.get("reason") == "Unschedulable" else ""
 
     def create(obj: dict[str, Any]) -> None:
-        cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+        cp.apply(obj, namespace=ns)
 
     try:
         # the DaemonSet's pod, placed on the node the way the DaemonSet controller does (node affinity by name)
@@ -717,9 +716,9 @@ def test_gpu_node_taint_keeps_other_pods_off(helm: Helm, control_plane: ControlP
             {"key": f"{DEFAULT_DRIVER}/gpu", "value": "present", "effect": "NoSchedule"}
         ]  # the node's only taint
     finally:
-        cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
+        cp.delete("pods", namespace=ns, grace_period=0, wait=120)
         cp.delete_namespace(ns, pods_first=False)
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}")
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={node}")
         cp.delete_node(node)
 
 
@@ -750,15 +749,15 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
     kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
              "ValidatingAdmissionPolicyBinding"}  # fmt: skip
     objs = [o for o in _render(helm, *NODE_LABELS, release=release, namespace=ns) if o["kind"] in kinds]
-    cp.kubectl("create", "namespace", ns)
-    cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    cp.create_namespace(ns)
+    cp.apply(*objs, namespace=ns)
     foreign = {"team.example.com/owner": "ml", "nvidia.com/gpu.present": "true"}
     for node in ("labels-a", "labels-b"):
         cp.create_node(node, labels=foreign)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "daemon-a", "namespace": ns},
            "spec": {"nodeName": "labels-a", "serviceAccountName": sa,
                     "containers": [{"name": "plugin", "image": "registry.invalid/dra-driver:test"}]}}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    cp.apply(pod)
     token = cp.kubectl("create", "token", sa, "-n", ns, "--bound-object-kind", "Pod",
                        "--bound-object-name", "daemon-a").stdout.strip()  # fmt: skip
     token_client = _token_client(cp, token)
@@ -811,14 +810,14 @@ def test_node_label_policy_with_a_pod_bound_token(helm: Helm, control_plane: Con
         assert not [k for k in labels("labels-a") if k.startswith(f"{DEFAULT_DRIVER}/")]
 
         # without the node-labels binding (nodeLabels.enabled=false) RBAC refuses the patch outright
-        cp.kubectl("delete", "clusterrolebinding", f"{fullname}-node-labels")
+        cp.delete("clusterrolebinding", f"{fullname}-node-labels", missing_ok=False, wait=120)
         why = wait_until("RBAC refusal", lambda: refused("labels-a", {"metadata": {"labels": wanted}}, True))
         assert 'cannot patch resource \\"nodes\\"' in why or 'cannot patch resource "nodes"' in why, why
     finally:
-        cp.kubectl("delete", "namespace", ns, "--wait=false")
+        cp.delete("namespace", ns, missing_ok=False)
         for o in objs:
             if o["kind"] != "ServiceAccount":
-                cp.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found")
+                cp.delete(o["kind"].lower(), o["metadata"]["name"], wait=120)
         for node in ("labels-a", "labels-b"):
             cp.delete_node(node)
 
@@ -913,14 +912,14 @@ def test_mps_pod_policy_with_a_pod_bound_token(helm: Helm, control_plane: Contro
         o for o in rendered if o["kind"] == "ServiceAccount" or (o["kind"] in kinds and "mps" in o["metadata"]["name"])
     ]
     assert {o["kind"] for o in objs} == kinds
-    cp.kubectl("create", "namespace", ns)
-    cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    cp.create_namespace(ns)
+    cp.apply(*objs, namespace=ns)
     for node in ("mps-a", "mps-b"):
         cp.create_node(node)
     plugin = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plugin-a", "namespace": ns},
               "spec": {"nodeName": "mps-a", "serviceAccountName": sa,
                        "containers": [{"name": "plugin", "image": "registry.invalid/dra-driver:test"}]}}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps(plugin))
+    cp.apply(plugin)
     token = cp.kubectl("create", "token", sa, "-n", ns, "--bound-object-kind", "Pod",
                        "--bound-object-name", "plugin-a").stdout.strip()  # fmt: skip
     api = _token_client(cp, token)
@@ -963,7 +962,7 @@ def test_mps_pod_policy_with_a_pod_bound_token(helm: Helm, control_plane: Contro
         assert "may only create or delete MPS control daemon pods" in refused(renamed)
 
         core.create_namespaced_pod(ns, body("mps-a"))  # really, then the launcher lists and deletes it
-        cp.kubectl("apply", "-f", "-", input=json.dumps(body("mps-b", "c2")))  # by an admin, on the other node
+        cp.apply(body("mps-b", "c2"))  # by an admin, on the other node
         assert pods("mps-a").list() == ["c1"]
         with pytest.raises(ApiException) as foreign:
             core.delete_namespaced_pod("mps-control-daemon-c2", ns)
@@ -971,11 +970,11 @@ def test_mps_pod_policy_with_a_pod_bound_token(helm: Helm, control_plane: Contro
         core.delete_namespaced_pod("mps-control-daemon-c1", ns)  # graceful: no kubelet here confirms it
         assert cp.kubectl_json("get", "pod", "mps-control-daemon-c1", "-n", ns)["metadata"]["deletionTimestamp"]
     finally:
-        cp.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
-        cp.kubectl("delete", "namespace", ns, "--wait=false")
+        cp.delete("pods", namespace=ns, grace_period=0, wait=120)
+        cp.delete("namespace", ns, missing_ok=False)
         for o in objs:
             if o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-                cp.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found")
+                cp.delete(o["kind"].lower(), o["metadata"]["name"], wait=120)
         for node in ("mps-a", "mps-b"):
             cp.delete_node(node)
 

@@ -49,13 +49,13 @@ def _b64(path: Path) -> str:
 def token(control_plane: ControlPlane) -> Iterator[str]:
     """A service account token that may read deviceclasses and nothing else."""
     cp = control_plane
-    cp.kubectl("create", "namespace", NS)
+    cp.create_namespace(NS)
     cp.kubectl("create", "serviceaccount", "reader", "-n", NS)
     cp.kubectl("create", "clusterrole", "kube-rest-reader", "--verb=get,list", "--resource=deviceclasses")
     cp.kubectl("create", "clusterrolebinding", "kube-rest-reader", "--clusterrole=kube-rest-reader",
                f"--serviceaccount={NS}:reader")  # fmt: skip
     yield cp.kubectl("create", "token", "reader", "-n", NS).stdout.strip()
-    cp.kubectl("delete", "namespace", NS, "--wait=false")
+    cp.delete("namespace", NS, missing_ok=False)
     cp.kubectl("delete", "clusterrolebinding,clusterrole", "kube-rest-reader")
 
 

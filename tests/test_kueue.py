@@ -363,7 +363,7 @@ def trays(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     )  # fmt: skip
     yield ns
     for node in TRAYS:
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}")
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={node}")
 
 
 def clique_job(c: Cluster, ns: str, name: str, pods: int) -> None:

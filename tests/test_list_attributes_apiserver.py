@@ -8,7 +8,6 @@ list form and the publisher says which gate is missing."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,8 +132,8 @@ def test_four_gpus_on_one_numa_node_land_across_a_socket_s_sub_numa_nodes_only_i
     list_attributes_cluster: ControlPlane, node: tuple[str, str], tmp_path: Path
 ) -> None:
     cp = list_attributes_cluster
-    cp.kubectl("apply", "-f", "-", input=json.dumps(CLASS))
-    cp.kubectl("create", "namespace", NS)
+    cp.apply(CLASS)
+    cp.create_namespace(NS)
     nodes_of: dict[str, int] = {}
     try:
         for form, name in ((NumaNodeForm.LIST, "four-list"), (NumaNodeForm.SCALAR, "four-scalar")):
@@ -144,7 +143,7 @@ def test_four_gpus_on_one_numa_node_land_across_a_socket_s_sub_numa_nodes_only_i
             for d in slices[0]["spec"]["devices"]:
                 value = d["attributes"][STANDARD]
                 nodes_of[d["name"]] = value["ints"][0] if "ints" in value else value["int"]
-            cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": slices}))
+            cp.apply(*slices)
             time.sleep(1)  # the scheduler's informer sees the slices
             claim = four_gpus_on_one_numa_node(name)
             theirs = schedule_claim(cp, claim, NODE, NS, timeout=60)
@@ -158,9 +157,9 @@ def test_four_gpus_on_one_numa_node_land_across_a_socket_s_sub_numa_nodes_only_i
             else:
                 assert theirs is None, f"the scheduler placed four GPUs on scalar NUMA nodes: {theirs}"
                 assert not ours.allocated
-            cp.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force", "--wait=true")
-            cp.kubectl("delete", "resourceclaims", "--all", "-n", NS, "--wait=true")
-            cp.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={NODE}", "--wait=true")
+            cp.delete("pods", namespace=NS, grace_period=0, wait=120)
+            cp.delete("resourceclaims", namespace=NS, wait=120)
+            cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}")
     finally:
-        cp.kubectl("delete", "namespace", NS, "--wait=false")
-        cp.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={NODE}", "--ignore-not-found")
+        cp.delete("namespace", NS, missing_ok=False)
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}")

@@ -198,10 +198,10 @@ class FakeKubelet:
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     ns = f"mps-{uuid.uuid4().hex[:8]}"
-    control_plane.kubectl("create", "namespace", ns)
+    control_plane.create_namespace(ns)
     yield ns
-    control_plane.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force")
-    control_plane.kubectl("delete", "namespace", ns, "--wait=false")
+    control_plane.delete("pods", namespace=ns, grace_period=0, wait=120)
+    control_plane.delete("namespace", ns, missing_ok=False)
 
 
 def _pods(cp: ControlPlane, ns: str) -> dict[str, dict[str, Any]]:
@@ -291,10 +291,10 @@ def test_list_names_the_claims_of_this_nodes_daemons_only(control_plane: Control
         b.start("c3", MPS_DIR, UUIDS, SETTINGS, time.monotonic() + 30)
         other = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "unrelated", "namespace": namespace},
                  "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": IMAGE}]}}  # fmt: skip
-        control_plane.kubectl("apply", "-f", "-", input=json.dumps(other))
+        control_plane.apply(other)
         forged = a.manifest("c4", MPS_DIR, UUIDS, SETTINGS)  # its claim UID would name a directory to remove
         forged["metadata"]["annotations"][a.claim_annotation] = "../../etc"
-        control_plane.kubectl("apply", "-f", "-", input=json.dumps(forged))
+        control_plane.apply(forged)
         assert a.list() == ["c1", "c2"] and b.list() == ["c3"]
 
 

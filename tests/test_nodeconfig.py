@@ -137,4 +137,4 @@ def test_the_label_is_followed_by_a_watch_and_events_reach_the_node(control_plan
     (event,) = wait_until("the event", events, timeout=20)
     assert (event["type"], event["reason"], event["involvedObject"]["kind"]) == ("Warning", "NodeConfigRefused", "Node")
     assert "e2e/a: gpu-0" in event["message"]
-    cp.kubectl("delete", "node", node, "--wait=false")
+    cp.delete("node", node, missing_ok=False)

@@ -22,7 +22,6 @@ simulated vfio-pci binding).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -315,13 +314,14 @@ def _ours(
     )
     selector = f"--field-selector=spec.driver={OURS},spec.nodeName={node}"
     items = [s.to_api() for s in slices]
-    cp.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    for item in items:
+        cp.create(item)
     try:
         on_server: list[dict[str, Any]] = cp.kubectl_json("get", "resourceslices", selector)["items"]
         assert len(on_server) == len(slices)
         return on_server
     finally:
-        cp.kubectl("delete", "resourceslices", selector, "--wait=true")
+        cp.delete("resourceslices", field_selector=selector.removeprefix("--field-selector="), wait=120)
 
 
 def _measure(cp: ControlPlane, case: Case, node: str, node_uid: str, minor: int, work: Path) -> Measured:

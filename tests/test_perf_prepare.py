@@ -28,7 +28,6 @@ from dra_driver.plugin.failures import FailureKind
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.plugin_helpers import DRIVER, GPU_CLASS, Node, claim, ref
-from tests.test_plugin_apiserver import _create
 from tests.test_publisher import api_client
 
 
@@ -243,9 +242,9 @@ def test_a_device_rediscovered_during_the_checks_is_refused_under_the_lock(tmp_p
 def test_n_prepares_of_one_class_do_no_deviceclass_get_against_a_real_api_server(control_plane, tmp_path: Path) -> None:
     name = "perf-gpu"
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}}
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps({**body, "spec": GPU_CLASS["spec"]}))
+    control_plane.apply({**body, "spec": GPU_CLASS["spec"]})
     pool = "perf-node"
-    created = [_create(control_plane, claim([f"gpu-{i}"], device_class=name, pool=pool)) for i in range(4)]
+    created = [control_plane.create_allocated(claim([f"gpu-{i}"], device_class=name, pool=pool)) for i in range(4)]
     refs = [ClaimRef(namespace="default", name=c["metadata"]["name"], uid=c["metadata"]["uid"]) for c in created]
     api = api_client(control_plane.kubeconfig)
     counting = _Counting(KubeClaimSource(api))
@@ -268,10 +267,10 @@ def test_n_prepares_of_one_class_do_no_deviceclass_get_against_a_real_api_server
         assert counting.class_gets == 0
         # the class narrowed in the API server: the watch brings it, the next prepare is refused
         mig_only = {"selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].type == 'mig'"}}]}
-        control_plane.kubectl("apply", "-f", "-", input=json.dumps({**body, "spec": mig_only}))
+        control_plane.apply({**body, "spec": mig_only})
         _wait(lambda: (c := cache.get(name)) is not None and "mig" in c.expressions[0])
         assert f"no longer matches class {name}" in d.prepare([refs[3]])[refs[3].uid].error
-        control_plane.kubectl("delete", "deviceclass", name)
+        control_plane.delete("deviceclass", name, missing_ok=False, wait=120)
         _wait(lambda: cache.synced and cache.get(name) is None)
         assert f"retrieve device class {name}" in d.prepare([refs[3]])[refs[3].uid].error  # a GET: not found
         assert counting.class_gets == 1
@@ -280,8 +279,8 @@ def test_n_prepares_of_one_class_do_no_deviceclass_get_against_a_real_api_server
         d.unprepare(refs)
         d.close()
         for c in created:
-            control_plane.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
-        control_plane.kubectl("delete", "deviceclass", name, "--ignore-not-found")
+            control_plane.delete("resourceclaim", c["metadata"]["name"], missing_ok=False)
+        control_plane.delete("deviceclass", name, wait=120)
 
 
 def test_a_plugin_process_reads_the_checkpoint_again_only_when_the_other_one_wrote_it(

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from dra_driver.plugin.claims import KubeClaimSource
 from dra_driver.plugin.driver import Driver, PluginSettings
@@ -23,44 +21,20 @@ from tests.test_publisher import api_client
 NODE = "plugin-api-node"
 
 
-def _create(cp: Any, obj: dict[str, Any]) -> dict[str, Any]:
-    body = {k: v for k, v in obj.items() if k != "status"}
-    body["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "uid"}
-    created = json.loads(cp.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(body)).stdout)
-    if "status" in obj:  # what the scheduler would write: the allocation
-        cp.kubectl(
-            "patch",
-            "resourceclaim",
-            created["metadata"]["name"],
-            "-n",
-            created["metadata"]["namespace"],
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": obj["status"]}),
-        )
-    return created
-
-
 def test_prepare_with_claims_from_the_api_server(control_plane, tmp_path: Path) -> None:
     for cls in (GPU_CLASS, MIG_CLASS):
         name = f"api-{cls['metadata']['name']}"
-        control_plane.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps(
-                {
-                    "apiVersion": "resource.k8s.io/v1",
-                    "kind": "DeviceClass",
-                    "metadata": {"name": name},
-                    "spec": cls["spec"],
-                }
-            ),
+        control_plane.apply(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": cls["spec"],
+            }
         )
     whole = claim(["gpu-1"], device_class="api-gpu", pool=NODE)
     mig = claim(["gpu-2-mig-1g10gb-19-6"], device_class="api-mig", pool=NODE)
-    created = [_create(control_plane, c) for c in (whole, mig)]
+    created = [control_plane.create_allocated(c) for c in (whole, mig)]
     refs = [
         ClaimRef(namespace=c["metadata"]["namespace"], name=c["metadata"]["name"], uid=c["metadata"]["uid"])
         for c in created
@@ -88,7 +62,7 @@ def test_prepare_with_claims_from_the_api_server(control_plane, tmp_path: Path) 
     finally:
         d.close()
         for c in created:
-            control_plane.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+            control_plane.delete("resourceclaim", c["metadata"]["name"], missing_ok=False)
 
 
 def test_a_stopped_api_server_costs_prepares_their_deadline_and_unprepares_nothing(
@@ -98,8 +72,8 @@ def test_a_stopped_api_server_costs_prepares_their_deadline_and_unprepares_nothi
     unprepare (no API read) goes through meanwhile, and the retry succeeds once the server is back."""
     cp = control_plane
     gpu_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "api-gpu"}}
-    cp.kubectl("apply", "-f", "-", input=json.dumps({**gpu_class, "spec": GPU_CLASS["spec"]}))
-    prepared, waiting = (_create(cp, claim([d], device_class="api-gpu", pool=NODE)) for d in ("gpu-3", "gpu-4"))
+    cp.apply({**gpu_class, "spec": GPU_CLASS["spec"]})
+    prepared, waiting = (cp.create_allocated(claim([d], device_class="api-gpu", pool=NODE)) for d in ("gpu-3", "gpu-4"))
     sim = SimulatedNvml("dgx-h100", tmp_path / "gpu")
     settings = PluginSettings(driver=DRIVER, pool=NODE, plugin_dir=tmp_path / "plugin", cdi_root=tmp_path / "cdi")
     d = Driver(settings, sim, KubeClaimSource(api_client(cp.kubeconfig), request_timeout=10), sysfs_root=sim.sysfs_root,
@@ -131,4 +105,4 @@ def test_a_stopped_api_server_costs_prepares_their_deadline_and_unprepares_nothi
         d.close()
         shutil.rmtree(sockets, ignore_errors=True)
         for c in (prepared, waiting):
-            cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+            cp.delete("resourceclaim", c["metadata"]["name"], missing_ok=False)

@@ -27,7 +27,6 @@ from tests.cluster.prometheus import PrometheusServer, free_port, require_promet
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import GPU_CLASS, MIG_CLASS, claim, ref
 from tests.polling import wait_until
-from tests.test_plugin_apiserver import _create
 from tests.test_publisher import pool, pool_complete
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +88,7 @@ def run(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         prom.start()
         for name, cls in (("gh-gpu", GPU_CLASS), ("gh-mig", MIG_CLASS)):
             device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}}
-            cp.kubectl("apply", "-f", "-", input=json.dumps({**device_class, "spec": cls["spec"]}))
+            cp.apply({**device_class, "spec": cls["spec"]})
         for namespace in sorted({c[0] for c in CLAIMS}):
             cp.kubectl("create", "namespace", namespace, check=False)
         wait_until("pool published", lambda: _alive(daemon, tmp) and _published(cp), timeout=60)
@@ -101,7 +100,7 @@ def run(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         for namespace, name, device, _, _, _ in CLAIMS:
             c = claim([device], name=name, device_class="gh-mig" if "mig" in device else "gh-gpu", pool=NODE)
             c["metadata"]["namespace"] = namespace
-            refs.append(ref(_create(cp, c)))
+            refs.append(ref(cp.create_allocated(c)))
         now = time.time()
         for _, _, _, index, profile, _ in CLAIMS:
             store.set(index, workload=Workload(profile=profile, start=now, period_s=PERIOD_S))
@@ -131,9 +130,9 @@ def run(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         log.close()
         # Leave the session's control plane as found: another module's scheduler test must not see this node's GPUs.
         for namespace in sorted({c[0] for c in CLAIMS}):
-            cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        cp.kubectl("delete", "deviceclass", "gh-gpu", "gh-mig", "--ignore-not-found", check=False)
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}", check=False)
+            cp.delete("namespace", namespace, missing_ok=False, check=False)
+        cp.delete("deviceclass", "gh-gpu", "gh-mig", wait=120, check=False)
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}", check=False)
         cp.delete_node(NODE)
         shutil.rmtree(sockets, ignore_errors=True)
 

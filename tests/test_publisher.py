@@ -87,9 +87,7 @@ def node_publisher(control_plane, tmp_path: Path) -> Iterator[Callable[..., tupl
     yield start
     for pub in started:
         pub.stop()
-        control_plane.kubectl(
-            "delete", "resourceslices", "--field-selector", f"spec.nodeName={pub.node_name}", "--ignore-not-found"
-        )
+        control_plane.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={pub.node_name}")
         control_plane.delete_node(pub.node_name)
 
 
@@ -131,7 +129,7 @@ def test_each_watch_window_resumes_where_the_last_ended(control_plane, node_publ
     time.sleep(4)  # four more windows of one second
     assert pub.stats.syncs == syncs, "a watch window that resumed replayed the pool"
     name = pool(control_plane, "pub-resume")[0]["metadata"]["name"]
-    control_plane.kubectl("delete", "resourceslice", name)
+    control_plane.delete("resourceslice", name, missing_ok=False, wait=120)
     wait_for("slice restored", lambda: pool_complete(control_plane, "pub-resume", 9))
     assert pub.stats.syncs > syncs
 
@@ -152,7 +150,7 @@ def test_slices_deleted_behind_its_back_are_restored(control_plane, node_publish
     _pub, _ = node_publisher("pub-repair")
     wait_for("pool published", lambda: pool_complete(control_plane, "pub-repair", 9, 1))
     # what the kubelet does when it restarts: delete every slice of the node
-    control_plane.kubectl("delete", "resourceslices", "--field-selector", "spec.nodeName=pub-repair")
+    control_plane.delete("resourceslices", wait=120, field_selector="spec.nodeName=pub-repair")
     wait_for("pool restored", lambda: pool_complete(control_plane, "pub-repair", 9))
     victim = pool(control_plane, "pub-repair")[3]["metadata"]["name"]
     control_plane.kubectl(
@@ -189,7 +187,7 @@ def test_a_pool_changed_between_list_and_write_is_routine_a_few_times_in_a_row_t
             if change:
                 desired.taints = change.pop()  # sync_once builds the desired pool after its list
             stale[:] = items if budget[0] > 1 else []
-            control_plane.kubectl("delete", "resourceslices", "--field-selector", "spec.nodeName=pub-race")
+            control_plane.delete("resourceslices", wait=120, field_selector="spec.nodeName=pub-race")
             races[0] += 1  # after the delete: the waits below must not take the pool from before it for the new one
             return items
         stale.clear()

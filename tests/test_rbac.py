@@ -45,7 +45,7 @@ def _bound_token(cp, pod_name: str, node: str) -> str:  # type: ignore[no-untype
             "containers": [{"name": "plugin", "image": "registry.invalid/dra-driver:test"}],
         },
     }
-    cp.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    cp.apply(pod)
     return str(
         cp.kubectl(
             "create", "token", "dra-driver", "-n", "dra-driver", "--bound-object-kind", "Pod",
@@ -73,7 +73,7 @@ def test_service_account_publishes_only_its_own_node(control_plane, tmp_path: Pa
         other.sync_once()
     assert denied.value.status == 403 and "may only write ResourceSlices of node rbac-a" in denied.value.body
     admin_slice = Desired("dgx-a100", "rbac-b", tmp_path / "c")(1, None)[0].to_api()
-    cp.kubectl("create", "-f", "-", input=json.dumps(admin_slice))
+    cp.create(admin_slice)
     from kubernetes import client
 
     objects = client.CustomObjectsApi(api)
@@ -89,16 +89,13 @@ def test_service_account_publishes_only_its_own_node(control_plane, tmp_path: Pa
     with pytest.raises(API_ERRORS) as secrets:
         client.CoreV1Api(api).list_namespaced_secret("dra-driver")
     assert secrets.value.status == 403  # RBAC: nothing beyond what the role grants
-    cp.kubectl(
-        "delete", "resourceslices", "--field-selector", "spec.driver=" + DEFAULT_DRIVER_NAME, "--ignore-not-found"
-    )
+    cp.delete("resourceslices", wait=120, field_selector="spec.driver=" + DEFAULT_DRIVER_NAME)
 
 
 def test_service_account_writes_device_health_only_of_its_own_nodes_claims(control_plane) -> None:
     from dra_driver.health.claim_status import FIELD_MANAGER
     from dra_driver.plugin.claims import KubeClaimSource
     from tests.plugin_helpers import claim
-    from tests.test_plugin_apiserver import _create
 
     cp = control_plane
     cp.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
@@ -113,7 +110,7 @@ def test_service_account_writes_device_health_only_of_its_own_nodes_claims(contr
         c["status"]["allocation"]["devices"]["results"][1]["driver"] = "nic.example.com"
         c["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": "In", "values": [node]}]}]}  # fmt: skip
-        return _create(cp, c)
+        return cp.create_allocated(c)
 
     def apply(c: dict[str, Any], node: str, driver: str = DEFAULT_DRIVER_NAME, device: str = "gpu-0") -> None:
         condition = {"type": "DeviceHealthy", "status": "False", "reason": "XID", "message": "XID 79",
@@ -156,7 +153,7 @@ def test_service_account_writes_device_health_only_of_its_own_nodes_claims(contr
         assert "reservedFor" not in cp.kubectl_json("get", "resourceclaim", own["metadata"]["name"])["status"]
     finally:
         for c in (own, other):
-            cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+            cp.delete("resourceclaim", c["metadata"]["name"], missing_ok=False)
 
 
 def test_claim_status_policy_confines_status_writes_without_granular_authorization(ungranular_status_cluster) -> None:
@@ -169,7 +166,6 @@ def test_claim_status_policy_confines_status_writes_without_granular_authorizati
     from dra_driver.plugin.claims import KubeClaimSource
     from tests.plugin_helpers import claim
     from tests.polling import wait_until
-    from tests.test_plugin_apiserver import _create
 
     cp = ungranular_status_cluster
     cp.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
@@ -188,7 +184,7 @@ def test_claim_status_policy_confines_status_writes_without_granular_authorizati
         c["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": "In", "values": [node]}]}]}  # fmt: skip
         c["status"]["devices"] = [{**nic, "pool": node}]
-        return _create(cp, c)
+        return cp.create_allocated(c)
 
     def body(c: dict[str, Any], node: str, driver: str = DEFAULT_DRIVER_NAME, device: str = "gpu-0") -> dict[str, Any]:
         condition = {"type": "DeviceHealthy", "status": "False", "reason": "XID", "message": "XID 79",
@@ -263,7 +259,7 @@ def test_claim_status_policy_confines_status_writes_without_granular_authorizati
         ]
     finally:
         for c in (own, other):
-            cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+            cp.delete("resourceclaim", c["metadata"]["name"], missing_ok=False)
 
 
 def test_service_account_keeps_the_deviceclass_cache_in_sync(control_plane, caplog) -> None:
@@ -280,10 +276,9 @@ def test_service_account_keeps_the_deviceclass_cache_in_sync(control_plane, capl
     cache.start()
     try:
         wait_until("the cache synced", lambda: cache.synced, timeout=20)
-        cp.kubectl("apply", "-f", "-", input=json.dumps(
-            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}}))  # fmt: skip
+        cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}})  # fmt: skip
         wait_until("the new class seen through the watch", lambda: cache.get(name) is not None, timeout=20)
     finally:
         cache.stop()
-        cp.kubectl("delete", "deviceclass", name, "--ignore-not-found")
+        cp.delete("deviceclass", name, wait=120)
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

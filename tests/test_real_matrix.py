@@ -97,7 +97,7 @@ def test_a_whole_gpu_a_mig_partition_and_a_shared_claim(versioned: Cluster) -> N
     assert versioned.mig_instances() == ADMINS  # handed out as it is
     assert versioned.expected("ts-0")[2] == versioned.expected("ts-1")[2]
     delete_and_check_clean(versioned, "whole", "small", "ts-0", "ts-1", mig_left=ADMINS)
-    versioned.cp.kubectl("delete", "resourceclaim", "timesliced", "-n", NS, "--wait=true")
+    versioned.cp.delete("resourceclaim", "timesliced", namespace=NS, missing_ok=False, wait=120)
 
 
 def test_running_pods_outlive_a_kubelet_restart_with_their_devices(versioned: Cluster) -> None:

@@ -34,7 +34,7 @@ def workload_pod(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def run_pod(cp: ControlPlane, pod: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    cp.kubectl("create", "-f", "-", input=json.dumps(pod))
+    cp.create(pod)
     name = pod["metadata"]["name"]
     ns = pod["metadata"].get("namespace", "default")
     cp.kubectl("wait", "-n", ns, "--for=condition=Ready", f"pod/{name}", f"--timeout={int(timeout)}s")
@@ -66,7 +66,7 @@ def test_a_plain_pod_runs_with_a_service_account_token_and_its_log_is_readable(r
     assert any(m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" for m in mounts)
     seen = json.loads(images.shown_lines(cp, "plain")[-1])
     assert seen == {"devices": [], "env": {}, "mounts": []}  # no GPU asked for, none given
-    cp.kubectl("delete", "pod", "plain", "--wait=true", "--timeout=60s")
+    cp.delete("pod", "plain", missing_ok=False, wait=60)
 
 
 def test_a_pull_never_leaves_the_machine(real_node: Node) -> None:
@@ -74,7 +74,7 @@ def test_a_pull_never_leaves_the_machine(real_node: Node) -> None:
     pod = workload_pod("pull")
     pod["spec"]["containers"][0]["image"] = "registry.example.invalid/nothing:1"
     pod["spec"]["containers"][0]["imagePullPolicy"] = "Always"
-    cp.kubectl("create", "-f", "-", input=json.dumps(pod))
+    cp.create(pod)
 
     def pull_failed() -> str | None:
         p = cp.kubectl_json("get", "pod", "pull")
@@ -86,7 +86,7 @@ def test_a_pull_never_leaves_the_machine(real_node: Node) -> None:
 
     message = wait_until("the pull to fail", pull_failed, timeout=60)
     assert "127.0.0.1:9" in message  # every registry is the dead loopback port
-    cp.kubectl("delete", "pod", "pull", "--wait=true", "--timeout=60s")
+    cp.delete("pod", "pull", missing_ok=False, wait=60)
 
 
 def test_kubelet_restart_keeps_running_pods(real_node: Node) -> None:
@@ -102,4 +102,4 @@ def test_kubelet_restart_keeps_running_pods(real_node: Node) -> None:
         after["status"]["containerStatuses"][0]["containerID"]
         == before["status"]["containerStatuses"][0]["containerID"]
     )
-    cp.kubectl("delete", "pod", "survivor", "--wait=true", "--timeout=60s")
+    cp.delete("pod", "survivor", missing_ok=False, wait=60)

@@ -88,7 +88,7 @@ def test_a_switch_that_would_break_a_prepared_claim_is_refused_until_it_is_gone(
     (message,) = wait_until("the Warning event", lambda: node_events(cluster, "NodeConfigRefused"), timeout=SWITCH_S)
     assert f"{NS}/" in message and "'whole' stays" in message
     assert cluster.cp.kubectl_json("get", "pod", "keeps", "-n", NS)["status"]["phase"] == "Running"
-    cluster.cp.kubectl("delete", "pod", "keeps", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    cluster.cp.delete("pod", "keeps", namespace=NS, missing_ok=False, wait=120)
 
     def shared() -> bool:
         labels, annotations, _, devices = published(cluster)

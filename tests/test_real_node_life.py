@@ -38,7 +38,7 @@ def driver_pod(cluster: Cluster) -> dict[str, Any]:
 def delete_and_check_clean(cluster: Cluster, *names: str, mig_left: Sequence[tuple[int, int, int]] = ()) -> None:
     """The pods deleted, their claims unprepared: no CDI spec or checkpoint entry left, and no MIG instance but
     `mig_left` (ones the driver did not make, which it never destroys)."""
-    cluster.cp.kubectl("delete", "pod", *names, "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    cluster.cp.delete("pod", *names, namespace=NS, missing_ok=False, wait=120)
     wait_until("claim specs removed", lambda: cluster.claim_specs() == [], timeout=60)
     wait_until("checkpoint empty", lambda: cluster.release.checkpoint_claims() == {}, timeout=30)
     assert cluster.mig_instances() == list(mig_left)
@@ -76,7 +76,7 @@ def test_a_recreated_driver_pod_unprepares_what_the_old_one_prepared(cluster: Cl
     cluster.wait_running("outlives-driver")
     old = driver_pod(cluster)["metadata"]["name"]
     registered = cluster.release.registrations()
-    cluster.cp.kubectl("delete", "pod", old, "-n", cluster.release.namespace, "--wait=true", timeout=120)
+    cluster.cp.delete("pod", old, namespace=cluster.release.namespace, missing_ok=False, wait=120)
     fresh = cluster.release.wait_registered(time.monotonic() + 90, registrations=registered + 1)
     assert fresh["metadata"]["name"] != old
     assert cluster.cp.kubectl_json("get", "pod", "outlives-driver", "-n", NS)["status"]["phase"] == "Running"

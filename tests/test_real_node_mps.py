@@ -113,7 +113,7 @@ def test_an_mps_claims_daemon_outlives_the_driver_pod_and_goes_with_the_claim(cl
     # the driver pod deleted and recreated, then a rolling update: the same daemon pod and process throughout
     old = release.wait_ready_pod()
     registered = release.registrations()
-    c.cp.kubectl("delete", "pod", old["metadata"]["name"], "-n", release.namespace, "--wait=true", timeout=120)
+    c.cp.delete("pod", old["metadata"]["name"], namespace=release.namespace, missing_ok=False, wait=120)
     fresh = release.wait_registered(time.monotonic() + 90, registrations=registered + 1)
     assert fresh["metadata"]["uid"] != old["metadata"]["uid"]
     release.install("--set-string", f"podAnnotations.restarted={time.time_ns()}")  # a new template: a new pod
@@ -127,8 +127,8 @@ def test_an_mps_claims_daemon_outlives_the_driver_pod_and_goes_with_the_claim(cl
     assert mount_at(directory / "shm") is not None
 
     # the workload goes: unprepared by the newest driver pod, the daemon goes first, then what it used
-    c.cp.kubectl("delete", "pod", "mps-0", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
-    c.cp.kubectl("delete", "resourceclaim", "mps", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    c.cp.delete("pod", "mps-0", namespace=NS, missing_ok=False, wait=120)
+    c.cp.delete("resourceclaim", "mps", namespace=NS, missing_ok=False, wait=120)
     wait_until("checkpoint empty", lambda: release.checkpoint_claims() == {}, timeout=60)
     assert daemon_pods(c) == []
     wait_until("the daemon process gone", lambda: not alive(pid), timeout=30)

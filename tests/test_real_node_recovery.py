@@ -117,7 +117,7 @@ def test_a_gpu_that_needs_a_reset_is_tainted_until_it_is_reset_then_serves_a_new
     wait_until("the claim's device status True again", lambda: claim_status(cluster, claim, "True"), 30)
 
     # The device serves a claim that tolerates nothing, once the pod that held it is gone.
-    cluster.cp.kubectl("delete", "pod", "holder", "-n", NS, "--wait=true", timeout=120)
+    cluster.cp.delete("pod", "holder", namespace=NS, missing_ok=False, wait=120)
     pinned = req("gpu", GPU, selectors=[{"cel": {"expression": f"device.attributes['{D}'].uuid == '{uuid}'"}}])
     cluster.apply(template("that-gpu", pinned), pod("after-reset", template_name="that-gpu"))
     cluster.wait_running("after-reset")

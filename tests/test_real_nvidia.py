@@ -89,7 +89,7 @@ def test_the_device_plugins_time_slicing_runs_four_pods_on_one_gpu(node: Node, t
         except AssertionError:
             raise AssertionError(f"not advertised; the plugin's log:\n{plugin.log()[-4000:]}") from None
         pods = [workload_pod(n, {RESOURCE: 1}) for n in [*names, "fifth"]]
-        node.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
+        node.cp.apply(*pods)
         try:
             for name in names:
                 wait_until(f"{name} Running", lambda n=name: phase(node, n)["status"].get("phase") == "Running", 90)
@@ -122,9 +122,7 @@ def test_the_device_plugins_time_slicing_runs_four_pods_on_one_gpu(node: Node, t
             assert all(phase(node, n)["status"].get("phase") == "Running" for n in names)
             assert plugin.alive() and plugin.problems() == [], plugin.log()[-4000:]
         finally:
-            node.cp.kubectl(
-                "delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=120s", timeout=180, check=False
-            )
+            node.cp.delete("pods", namespace=NS, wait=120, check=False)
 
 
 def test_the_device_plugins_node_keeps_its_pods_and_a_dra_node_takes_the_rest(node: Node, tmp_path: Path) -> None:
@@ -144,7 +142,7 @@ def test_the_device_plugins_node_keeps_its_pods_and_a_dra_node_takes_the_rest(no
             wait_until(f"{RESOURCE}: 1 on the node", lambda: allocatable(node, RESOURCE) == "1", timeout=60)
             first = workload_pod("first", {RESOURCE: 1})
             first["spec"]["nodeSelector"] = GROUP
-            cp.kubectl("create", "-f", "-", input=json.dumps(first))
+            cp.create(first)
             wait_until("first Running", lambda: phase(node, "first")["status"].get("phase") == "Running", 90)
             ran = phase(node, "first")
             assert ran["spec"]["nodeName"] == node.name and "extendedResourceClaimStatus" not in ran["status"]
@@ -154,7 +152,7 @@ def test_the_device_plugins_node_keeps_its_pods_and_a_dra_node_takes_the_rest(no
             publish(cp, DRA_NODE, tmp_path)
             second = workload_pod("second", {RESOURCE: 1})
             second["spec"]["nodeSelector"] = GROUP
-            cp.kubectl("create", "-f", "-", input=json.dumps(second))
+            cp.create(second)
             bound = placed(cp, "second", NS)
             assert bound["spec"]["nodeName"] == DRA_NODE
             status = bound["status"]["extendedResourceClaimStatus"]
@@ -164,11 +162,9 @@ def test_the_device_plugins_node_keeps_its_pods_and_a_dra_node_takes_the_rest(no
             assert plugin.alive() and plugin.problems() == [], plugin.log()[-4000:]
     finally:
         # the pod bound to the kubelet-less node has no kubelet to confirm its end: forced, and the node deleted
-        cp.kubectl(
-            "delete", "pod", "second", "-n", NS, "--force", "--grace-period=0", "--ignore-not-found", check=False
-        )
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={DRA_NODE}", check=False)
-        cp.kubectl("delete", "node", DRA_NODE, "--ignore-not-found", "--wait=false")
-        cp.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=120s", timeout=180, check=False)
+        cp.delete("pod", "second", namespace=NS, grace_period=0, wait=120, check=False)
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={DRA_NODE}", check=False)
+        cp.delete("node", DRA_NODE)
+        cp.delete("pods", namespace=NS, wait=120, check=False)
         cp.kubectl("delete", "-f", str(DEVICE_CLASS), "--ignore-not-found", check=False)
         cp.kubectl("label", "node", node.name, f"{label}-", check=False)

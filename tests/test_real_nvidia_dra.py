@@ -116,9 +116,9 @@ def prepared_view(
     """The container's view, and the MIG instances of the simulated machine while the claim is prepared. Each wait
     is bounded so that a stuck pod fails with what both drivers and the kubelet said, within the test's timeout."""
     claim, view = view_pod(name, driver)
-    cluster.cp.kubectl("create", "-f", "-", input=json.dumps(claim))
+    cluster.cp.create(claim)
     allocate(cluster, name, driver, device)
-    cluster.cp.kubectl("create", "-f", "-", input=json.dumps(view))
+    cluster.cp.create(view)
 
     def diagnosis() -> str:
         described = cluster.cp.kubectl("describe", "pod", name, "-n", NS, check=False).stdout
@@ -141,7 +141,7 @@ def prepared_view(
         instances = cluster.mig_instances()  # while the pod runs: the claim is prepared
     finally:
         for kind in ("pod", "resourceclaim"):
-            gone = cluster.cp.kubectl("delete", kind, name, "-n", NS, "--wait=true", "--timeout=45s", check=False)
+            gone = cluster.cp.delete(kind, name, namespace=NS, missing_ok=False, wait=45, check=False)
             assert gone.returncode == 0, f"{kind} {name} not deleted: {gone.stderr}\n{diagnosis()}"
     return json.loads(out.splitlines()[-1]), instances
 
@@ -157,7 +157,7 @@ def side_by_side(
     classes = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"any.{driver}"},
                 "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
                for driver in (NVIDIA, OURS)]  # fmt: skip
-    node.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
+    node.cp.apply(*classes)
     try:
         # ours with NVIDIA's hook, as NVIDIA's driver is: both make the libraries' links in the container with it
         with deployed(node, ["--set", f"cdi.hookPath={nvidia_tool('nvidia-cdi-hook')}"]) as cluster:
@@ -180,7 +180,9 @@ def side_by_side(
                 unexpected = [w for w in plugin.warnings() if not HEALTH_UNIMPLEMENTED.search(w)]
                 assert plugin.alive() and unexpected == [], plugin.log_tail()
     finally:
-        node.cp.kubectl("delete", "deviceclass", *(c["metadata"]["name"] for c in classes), check=False)
+        node.cp.delete(
+            "deviceclass", *(c["metadata"]["name"] for c in classes), missing_ok=False, wait=120, check=False
+        )
 
 
 def compare(theirs: dict[str, Any], ours: dict[str, Any]) -> None:

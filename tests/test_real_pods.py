@@ -112,7 +112,7 @@ class Cluster:
         self.cp = release.cp
 
     def apply(self, *objects: dict[str, Any]) -> None:
-        self.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+        self.cp.apply(*objects)
 
     def wait_running(self, name: str, timeout: float = 90) -> dict[str, Any]:
         def running() -> dict[str, Any] | None:
@@ -162,9 +162,7 @@ class Cluster:
         try:
             yield
         finally:
-            self.cp.kubectl(
-                "delete", "pods", *names, "-n", NS, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=180
-            )
+            self.cp.delete("pods", *names, namespace=NS, wait=120)
 
     def seen(self, name: str) -> dict[str, Any]:
         """What the container printed (tests/cluster/images.py show-devices)."""
@@ -362,7 +360,7 @@ def test_a_glibc_container_loads_libcuda_and_libnvidia_ml_by_soname(cluster: Clu
         mapped = [path for path in loaded if path.endswith(f"/{multiarch()}/{soname}")]
         assert mapped, loaded
         assert loaded[mapped[0]] == hashlib.sha256((libdir / soname).read_bytes()).hexdigest()
-    cluster.cp.kubectl("delete", "pod", "loader", "-n", NS, "--wait=true")
+    cluster.cp.delete("pod", "loader", namespace=NS, missing_ok=False, wait=120)
 
 
 def device_plugin_pod(name: str, resource: str) -> dict[str, Any]:
@@ -396,7 +394,7 @@ def test_pods_written_for_the_device_plugin_get_their_gpu_and_mig_partition(clus
     claim_name = cluster.claims_of("dp-gpu")[0]["metadata"]["name"]
     up = [x for x in cluster.release.metrics().splitlines() if x.startswith("dra_driver_gpu_up{")]
     assert any(f'claim="{claim_name}"' in x and f'namespace="{NS}"' in x and 'pod="dp-gpu"' in x for x in up), up
-    cluster.cp.kubectl("delete", "pod", "dp-gpu", "dp-mig", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    cluster.cp.delete("pod", "dp-gpu", "dp-mig", namespace=NS, missing_ok=False, wait=120)
     wait_until("their claims unprepared", lambda: not uids & set(cluster.release.checkpoint_claims()), timeout=60)
 
 
@@ -420,7 +418,7 @@ def test_the_device_plugin_docs_cuda_check_pod_runs_nvidia_smi_on_its_one_gpu(cl
     listed = [line for line in out.splitlines() if line.startswith("GPU ")]
     name, uuid = cluster.attribute(device, "productName"), cluster.attribute(device, "uuid")
     assert listed == [f"GPU 0: {name} (UUID: {uuid})"], out
-    cluster.cp.kubectl("delete", "pod", "cuda-check", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    cluster.cp.delete("pod", "cuda-check", namespace=NS, missing_ok=False, wait=120)
     wait_until("its claim unprepared", lambda: uid not in cluster.release.checkpoint_claims(), timeout=60)
 
 
@@ -442,11 +440,11 @@ def test_a_claim_that_cannot_fit_stays_pending_and_simulate_explains_why(cluster
         timeout=120,
     )
     assert out.returncode == 3 and "too-big" in out.stdout and "wants 9" in out.stdout, out.stdout + out.stderr
-    cluster.cp.kubectl("delete", "pod", "too-big", "-n", NS, "--wait=true")
+    cluster.cp.delete("pod", "too-big", namespace=NS, missing_ok=False, wait=120)
 
 
 def test_deleting_the_pods_unprepares_every_claim(cluster: Cluster) -> None:
-    cluster.cp.kubectl("delete", "pods", "--all", "-n", NS, "--wait=true", "--timeout=120s", timeout=180)
+    cluster.cp.delete("pods", namespace=NS, wait=120)
     wait_until("every claim spec removed", lambda: cluster.claim_specs() == [], timeout=60)
     wait_until("MIG instances destroyed", lambda: cluster.mig_instances() == [], timeout=30)
     state = cluster.sharing_state().read()

@@ -191,5 +191,5 @@ def test_refplugin_registers_prepares_and_unprepares(control_plane: ControlPlane
             check_minimal_plugin(kubelet, api, node, claims[0], plugin.plugin_dir, plugin.cdi_root, 4, refuses)
     finally:
         delete_claims(api, claims)
-        control_plane.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}", check=False)
+        control_plane.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={node}", check=False)
         control_plane.delete_node(node)

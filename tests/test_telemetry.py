@@ -316,22 +316,21 @@ def test_reserved_pods_are_cached_and_errors_are_empty() -> None:
 
 
 def test_pod_label_from_a_claim_reserved_for_a_pod(control_plane, tmp_path: Path) -> None:
-    from tests.test_plugin_apiserver import _create
     from tests.test_publisher import api_client
 
     cp, node_name = control_plane, "telemetry-pods-node"
     gpu_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                  "metadata": {"name": "telemetry-gpu"}, "spec": GPU_CLASS["spec"]}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps(gpu_class))
-    reserved = _create(cp, claim(["gpu-3"], device_class="telemetry-gpu", pool=node_name))
-    unreserved = _create(cp, claim(["gpu-5"], device_class="telemetry-gpu", pool=node_name))
+    cp.apply(gpu_class)
+    reserved = cp.create_allocated(claim(["gpu-3"], device_class="telemetry-gpu", pool=node_name))
+    unreserved = cp.create_allocated(claim(["gpu-5"], device_class="telemetry-gpu", pool=node_name))
     name = reserved["metadata"]["name"]
     # A pod using the claim (bound by name: no scheduler, no kubelet), and what the scheduler writes for it.
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer-0", "namespace": "default"},
            "spec": {"nodeName": node_name, "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
                     "containers": [{"name": "c", "image": "registry.invalid/cuda",
                                     "resources": {"claims": [{"name": "gpu"}]}}]}}  # fmt: skip
-    pod_uid = json.loads(cp.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(pod)).stdout)["metadata"]["uid"]
+    pod_uid = cp.create(pod)["metadata"]["uid"]
     consumer = {"resource": "pods", "name": "trainer-0", "uid": pod_uid}
     cp.kubectl("patch", "resourceclaim", name, "--subresource=status", "--type=merge",
                "-p", json.dumps({"status": {"reservedFor": [consumer]}}))  # fmt: skip
@@ -355,6 +354,6 @@ def test_pod_label_from_a_claim_reserved_for_a_pod(control_plane, tmp_path: Path
         driver.unprepare(refs)
     finally:
         driver.close()
-        cp.kubectl("delete", "pod", "trainer-0", "--wait=false", "--grace-period=0", "--force")
+        cp.delete("pod", "trainer-0", missing_ok=False, grace_period=0)
         for c in (reserved, unreserved):
-            cp.kubectl("delete", "resourceclaim", c["metadata"]["name"], "--wait=false")
+            cp.delete("resourceclaim", c["metadata"]["name"], missing_ok=False)

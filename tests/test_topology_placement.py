@@ -6,7 +6,6 @@ for which that clique has no room waits rather than spill into the other one."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,14 +41,14 @@ def cluster(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         uid = cp.create_node(node, labels=node_labels(inventory, D))
         slices = build_slices(inventory, node_name=node, k8s_version="1.36", mode=PublishMode.GPUS, node_uid=uid)
         objects += [s.to_api() for s in slices]
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
-    cp.kubectl("create", "namespace", NS)
+    cp.apply(*objects)
+    cp.create_namespace(NS)
     yield cp
-    cp.kubectl("delete", "namespace", NS, "--wait=false")
+    cp.delete("namespace", NS, missing_ok=False)
     for node in TRAYS:
-        cp.kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={node}")
+        cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={node}")
         cp.delete_node(node)
-    cp.kubectl("delete", "deviceclass", "topology-gpu", "--ignore-not-found")
+    cp.delete("deviceclass", "topology-gpu", wait=120)
 
 
 def job_pod(job: str, i: int) -> list[dict[str, Any]]:
@@ -96,16 +95,16 @@ def test_a_jobs_pods_share_one_nvlink_clique_and_the_one_that_does_not_fit_waits
         n: f"{CLUSTER}.{c}" for n, c in TRAYS.items()
     }
     first = job_pod("train", 0)
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
+    cp.apply(*first)
     home = decided(cp, "train-0")
     assert home is not None
     time.sleep(1)  # the second pod's affinity needs the first one's binding in the scheduler's cache
     second = job_pod("train", 1)
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": second}))
+    cp.apply(*second)
     other = decided(cp, "train-1")
     assert other is not None and other != home and TRAYS[other] == TRAYS[home]  # the clique's other tray
     third = job_pod("train", 2)
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": third}))
+    cp.apply(*third)
     assert decided(cp, "train-2") is None  # the clique is full; the other clique has room, but is not the job's
     devices = {
         r["device"]
@@ -117,7 +116,7 @@ def test_a_jobs_pods_share_one_nvlink_clique_and_the_one_that_does_not_fit_waits
     assert devices == {f"gpu-{m}" for m in range(4)}  # four GPUs of each tray (the same names on both nodes)
     # a job of its own goes to the free clique
     lone = job_pod("eval", 0)
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": lone}))
+    cp.apply(*lone)
     elsewhere = decided(cp, "eval-0")
     assert elsewhere is not None and TRAYS[elsewhere] != TRAYS[home]
 

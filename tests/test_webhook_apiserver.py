@@ -91,7 +91,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[ControlPlane]:
 def webhook(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWebhook]:
     cp = cluster
     hook = start_local_webhook(tmp_path_factory.mktemp("webhook-pki"))
-    cp.kubectl("create", "namespace", NAMESPACE)
+    cp.create_namespace(NAMESPACE)
     # made before the webhook exists: the UPDATE test must still be able to change its metadata
     assert create(cp, claim("before-webhook", "v1", [entry(BAD_STRATEGY)])) == ""
     rules = [{"apiGroups": ["resource.k8s.io"], "apiVersions": list(VERSIONS), "operations": ["CREATE", "UPDATE"],

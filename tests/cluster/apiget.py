@@ -79,6 +79,10 @@ def parse_get(args: tuple[str, ...]) -> GetRequest | None:
     words = list(args[1:])
     while words:
         word = words.pop(0)
+        flag, equals, value = word.partition("=")
+        if equals and flag.startswith("--") and (flag in _VALUE_FLAGS or flag == "--output"):
+            words[:0] = [flag, value]  # `--flag=value` as `--flag value`
+            continue
         if word in ("-o", "--output"):
             if not words:
                 return None
@@ -210,6 +214,20 @@ class ApiReader:
                     if candidate and name.lower() in (candidate, f"{candidate}.{group}" if group else candidate):
                         return resource
         return None
+
+    def resource_of(self, api_version: str, kind: str, timeout: float = 60.0) -> Resource:
+        """The resource that objects of `kind` in `api_version` are, at that version (discovery lists each group's
+        preferred version; the plural and scope are the same in every version)."""
+        group = api_version.rpartition("/")[0]
+        for refresh in (False, True):
+            with self._lock:
+                if self._resources is None or refresh:
+                    self._resources = self._discover(timeout)
+                resources = self._resources
+            for g, resource, _ in resources:
+                if g == group and resource.kind == kind:
+                    return Resource(api_version, resource.plural, kind, resource.namespaced)
+        raise ApiError(f'error: resource mapping not found for kind "{kind}" in version "{api_version}"')
 
     def get(self, args: tuple[str, ...], timeout: float = 60.0) -> Any | None:
         """`kubectl get <args>` as kubectl prints it with `-o json`; None where it is kubectl's to answer.

@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from dra_driver.slices.limits import parse_minor
-from tests.cluster.apiget import ApiError, ApiReader, server_error
+from tests.cluster.apiget import DEFAULT_NAMESPACE, ApiError, ApiReader, Resource, server_error
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
@@ -71,6 +71,15 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 40
+
+
+def _items(objects: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    """The objects, each `List` replaced by its items."""
+    for obj in objects:
+        if obj.get("kind") == "List" and obj.get("apiVersion") == "v1":
+            yield from obj.get("items") or []
+        else:
+            yield obj
 
 
 class ControlPlaneError(RuntimeError):
@@ -432,13 +441,113 @@ class ControlPlane:
             self._reader = (self.api_port, ApiReader("127.0.0.1", self.api_port, self._client_ssl()))
         return self._reader[1]
 
-    def api_call(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
-        """One write to the API server from this process (a kubectl process costs 0.12 s of CPU); its answer.
-        Raises KubectlError, as kubectl fails, where the server refuses it."""
-        status, answer = self._api().request(path, method=method, body=body, content_type=content_type)
-        if status >= 300:
+    # ----- writes from this process: what the tests did with `kubectl apply/create/delete/patch` (0.25 s of CPU each,
+    # and a first kubectl per cluster reads the whole discovery first); errors as KubectlError, kubectl's
+    # "Error from server (Reason): message" in its stderr.
+    def api_call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                 query: dict[str, str] | None = None, ok: tuple[int, ...] = ()) -> Any:  # fmt: skip
+        """One call to the API server from this process; its answer. Raises KubectlError, as kubectl fails, where
+        the server refuses it (but for the statuses in `ok`) or cannot be reached."""
+        try:
+            status, answer = self._api().request(path, query, method=method, body=body, content_type=content_type)
+        except OSError as e:
+            raise KubectlError(1, [method, path], "", f"Unable to connect to the server: {e}") from None
+        if status >= 300 and status not in ok:
             raise KubectlError(1, [method, path], "", server_error(answer))
         return answer
+
+    def _resource(self, api_version: str, kind: str) -> Resource:
+        try:
+            return self._api().resource_of(api_version, kind)
+        except ApiError as e:
+            raise KubectlError(1, ["kubectl", "apply"], "", e.message) from None
+
+    def _named(self, resource: str) -> Resource:
+        found = self._api().resolve(resource, 60.0)
+        if found is None:
+            message = f'error: the server doesn\'t have a resource type "{resource}"'
+            raise KubectlError(1, ["kubectl", resource], "", message)
+        return found
+
+    def apply(self, *objects: Mapping[str, Any], namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
+        """`kubectl apply --server-side --force-conflicts` of `objects` (a `List` stands for its items), one at a
+        time, in order: created or updated to carry these fields; the objects as the server stored them."""
+        applied = []
+        for obj in _items(objects):
+            resource = self._resource(obj["apiVersion"], obj["kind"])
+            meta = obj["metadata"]
+            path = resource.path(meta.get("namespace") or namespace, meta["name"])
+            query = {"fieldManager": "kubectl", "force": "true"}
+            applied.append(self.api_call("PATCH", path, obj, "application/apply-patch+yaml", query))
+        return applied
+
+    def create(self, obj: Mapping[str, Any], namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+        """`kubectl create -f - -o json` of one object: the object as the server stored it."""
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        path = resource.path(obj["metadata"].get("namespace") or namespace, None)
+        return dict(self.api_call("POST", path, obj))
+
+    def create_allocated(self, claim: Mapping[str, Any], namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+        """A ResourceClaim created from `claim` and given its `status` (the allocation, as the scheduler writes it:
+        through the status subresource); the claim as created. A `uid` in `claim` is the caller's, not sent."""
+        body = {k: v for k, v in claim.items() if k != "status"}
+        body["metadata"] = {k: v for k, v in claim["metadata"].items() if k != "uid"}
+        created = self.create(body, namespace)
+        if "status" in claim:
+            meta = created["metadata"]
+            self.patch("resourceclaim", meta["name"], {"status": claim["status"]}, namespace=meta["namespace"],
+                       subresource="status")  # fmt: skip
+        return created
+
+    def delete(self, resource: str, *names: str, namespace: str = DEFAULT_NAMESPACE, missing_ok: bool = True,
+               wait: float | None = None, field_selector: str | None = None, label_selector: str | None = None,
+               grace_period: int | None = None, check: bool = True) -> None:  # fmt: skip
+        """`kubectl delete RESOURCE NAMES...` (`--ignore-not-found` unless not `missing_ok`); without names, those
+        matching the selectors (none: all of them, `--all`). `wait`: seconds to wait until they are gone (`--wait`;
+        a pod on a kubelet goes once it stopped), else return at once (`--wait=false`). `grace_period`: as
+        `--grace-period` (0 with `--force`: at once, without the kubelet). `check=False`: a failure is ignored."""
+        try:
+            self._delete(resource, names, namespace, missing_ok, wait, field_selector, label_selector, grace_period)
+        except KubectlError:
+            if check:
+                raise
+
+    def _delete(self, resource: str, names: Sequence[str], namespace: str, missing_ok: bool, wait: float | None,
+                field_selector: str | None, label_selector: str | None, grace_period: int | None) -> None:  # fmt: skip
+        res = self._named(resource)
+        ns = namespace if res.namespaced else None
+        ok = (404,) if missing_ok else ()
+        options = {"gracePeriodSeconds": str(grace_period)} if grace_period is not None else {}
+        selectors = {k: v for k, v in (("fieldSelector", field_selector), ("labelSelector", label_selector)) if v}
+        if names:
+            for name in names:
+                self.api_call("DELETE", res.path(ns, name), query=options, ok=ok)
+        else:
+            self.api_call("DELETE", res.path(ns, None), query={**selectors, **options})
+        if wait is None:
+            return
+        deadline = time.monotonic() + wait
+        while True:
+            if names:
+                left = [n for n in names if self.api_call("GET", res.path(ns, n), ok=(404,)).get("kind") != "Status"]
+            else:
+                listed = self.api_call("GET", res.path(ns, None), query=selectors)
+                left = [i["metadata"]["name"] for i in listed.get("items", [])]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                message = f"error: timed out waiting for the deletion of {resource} {', '.join(left)}"
+                raise KubectlError(1, ["kubectl", "delete", resource], "", message)
+            time.sleep(0.2)
+
+    def patch(self, resource: str, name: str, patch: Any, *, namespace: str = DEFAULT_NAMESPACE,
+              type: str = "merge", subresource: str | None = None) -> dict[str, Any]:  # fmt: skip
+        """`kubectl patch RESOURCE NAME --type=TYPE -p PATCH [--subresource=...]`: the patched object."""
+        res = self._named(resource)
+        path = res.path(namespace if res.namespaced else None, name) + (f"/{subresource}" if subresource else "")
+        content_type = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
+                        "strategic": "application/strategic-merge-patch+json"}[type]  # fmt: skip
+        return dict(self.api_call("PATCH", path, patch, content_type))
 
     def pod_log(self, name: str, namespace: str, *, check: bool = True) -> str:
         """`kubectl logs -n NAMESPACE NAME`, read from this process; with check=False "" where kubectl would fail
@@ -468,19 +577,18 @@ class ControlPlane:
             if phase != "Terminating" or time.monotonic() > deadline:
                 break  # create says what is wrong
             time.sleep(0.2)
-        self.kubectl("create", "namespace", name)
+        self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def delete_namespace(self, name: str, *, pods_first: bool = True, timeout: float = 180.0) -> None:
         """Delete namespace `name` without waiting for it; with `pods_first` its pods go first, gracefully, and are
         waited for: their containers stopped and their claims unprepared, as after `delete namespace --wait`."""
         if pods_first:
-            self.kubectl("delete", "pods", "--all", "-n", name, "--wait=true", f"--timeout={timeout:.0f}s",
-                         timeout=timeout + 30, check=False)  # fmt: skip
-        self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+            self.delete("pods", namespace=name, wait=timeout, check=False)
+        self.delete("namespace", name, check=False)
 
     def server_version(self) -> str:
         """The API server's `gitVersion`, e.g. `v1.37.2` (dra_driver.slices.limits.parse_minor reads its minor)."""
-        return str(self.kubectl_json("version")["serverVersion"]["gitVersion"])
+        return str(self.api_call("GET", "/version")["gitVersion"])
 
     def create_node(self, name: str, labels: Mapping[str, str] | None = None) -> str:
         """A kubelet-less Node that the scheduler accepts: created, status set Ready with capacity, no taints.
@@ -520,7 +628,7 @@ class ControlPlane:
         return uid
 
     def delete_node(self, name: str) -> None:
-        self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
+        self.delete("node", name)
 
     def stop_apiserver(self) -> None:
         """Kill kube-apiserver (SIGKILL: no graceful shutdown), leaving etcd and the rest running."""

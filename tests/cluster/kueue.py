@@ -129,7 +129,7 @@ class Kueue:
         # CRDs are large: server-side apply keeps them out of the last-applied annotation's size limit.
         cp.kubectl("apply", "--server-side", "-f", str(source / "config/components/crd/bases"))
         cp.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        cp.kubectl("create", "namespace", NAMESPACE)
+        cp.create_namespace(NAMESPACE)
 
         ca = _serving_cert(work / "certs")
         self.webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
@@ -157,7 +157,7 @@ class Kueue:
         )
         cp.wait_http(comp, f"http://127.0.0.1:{health_port}/readyz", deadline)
         hooks = local_webhooks(source / "config/components/webhook/manifests.yaml", self.webhook_port, ca)
-        cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": hooks}))
+        cp.apply(*hooks)
         self._wait_admits(deadline)
         return self
 

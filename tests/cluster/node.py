@@ -33,6 +33,7 @@ from tests.cluster.controlplane import (
     REPO_ROOT,
     ControlPlane,
     ControlPlaneError,
+    KubectlError,
     _Component,
     _tail,
     issue_cert,
@@ -554,7 +555,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}],
         }
-        self.cp.kubectl("apply", "-f", "-", input=json.dumps(binding))
+        self.cp.apply(binding)
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -651,10 +652,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         while time.monotonic() < deadline:
             if kubelet.process.poll() is not None:
                 raise NodeError(f"kubelet exited with {kubelet.process.returncode}:\n{kubelet.log_tail()}")
-            proc = self.cp.kubectl(
-                "get", "node", self.name, "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}', check=False
-            )
-            last = (proc.stdout or proc.stderr).strip()
+            try:
+                conditions = self.cp.kubectl_json("get", "node", self.name).get("status", {}).get("conditions", [])
+                last = " ".join(c["status"] for c in conditions if c["type"] == "Ready")
+            except KubectlError as e:
+                last = e.stderr.strip()
             if last == "True":
                 return
             time.sleep(0.2)

@@ -3,7 +3,6 @@ allocation is read back, or the pod's Unschedulable condition."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -22,7 +21,7 @@ def schedule_claim(
                     "containers": [{"name": "c", "image": "registry.invalid/x",
                                     "resources": {"claims": [{"name": "gpus"}]}}],
                     "resourceClaims": [{"name": "gpus", "resourceClaimName": name}]}}  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]}))
+    cp.apply(claim, pod)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = cp.kubectl_json("get", "resourceclaim", name, "-n", namespace)
