@@ -263,3 +263,25 @@ def _refusal(cp: ControlPlane, kind: str, name: str) -> str:
     with pytest.raises(KubectlError) as refused:
         cp.kubectl_json("get", kind, name, "-n", NS)
     return str(refused.value.stderr)
+
+
+def test_a_delete_waits_for_the_object_it_deleted_not_for_its_name(cluster: ControlPlane) -> None:
+    """As kubectl: an object of the same name made meanwhile (a publisher restoring its slices) is another object;
+    one still there (a finalizer holds it) makes the wait time out."""
+    held = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "held", "namespace": NS, "finalizers": ["apiget.test/hold"]}}  # fmt: skip
+    first = cluster.create(held)["metadata"]["uid"]
+    with pytest.raises(KubectlError, match="timed out waiting for the deletion of configmap held"):
+        cluster.delete("configmap", "held", namespace=NS, wait=1)
+
+    def release_and_make_again() -> None:
+        time.sleep(0.5)
+        cluster.patch("configmap", "held", {"metadata": {"finalizers": None}}, namespace=NS)
+        cluster.create({**held, "metadata": {"name": "held", "namespace": NS}})
+
+    again = threading.Thread(target=release_and_make_again)
+    again.start()
+    cluster.delete("configmap", "held", namespace=NS, wait=30)
+    again.join()
+    assert cluster.kubectl_json("get", "configmap", "held", "-n", NS)["metadata"]["uid"] != first
+    cluster.delete("configmap", "held", namespace=NS, wait=30)

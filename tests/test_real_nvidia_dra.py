@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from dra_driver.simulator.nvml import SimulatedNvml
+from tests.cluster.controlplane import KubectlError
 from tests.cluster.driver import DRIVER_NAME as OURS
 from tests.cluster.driver import IMAGE_REPOSITORY, chart_version
 from tests.cluster.node import Node
@@ -141,8 +142,10 @@ def prepared_view(
         instances = cluster.mig_instances()  # while the pod runs: the claim is prepared
     finally:
         for kind in ("pod", "resourceclaim"):
-            gone = cluster.cp.delete(kind, name, namespace=NS, missing_ok=False, wait=45, check=False)
-            assert gone.returncode == 0, f"{kind} {name} not deleted: {gone.stderr}\n{diagnosis()}"
+            try:
+                cluster.cp.delete(kind, name, namespace=NS, missing_ok=False, wait=45)
+            except KubectlError as e:
+                raise AssertionError(f"{kind} {name} not deleted: {e.stderr}\n{diagnosis()}") from None
     return json.loads(out.splitlines()[-1]), instances
 
 

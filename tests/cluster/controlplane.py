@@ -82,6 +82,18 @@ def _items(objects: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
             yield obj
 
 
+def _uid(obj: Mapping[str, Any]) -> str | None:
+    return obj.get("metadata", {}).get("uid") if obj.get("kind") != "Status" else None
+
+
+def _deleted(answer: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, UID) of what a DELETE answered: the object, or a Status whose details name it (None: nothing left)."""
+    if answer.get("kind") == "Status":
+        details = answer.get("details") or {}
+        return (details["name"], details["uid"]) if details.get("uid") and answer.get("status") == "Success" else None
+    return answer["metadata"]["name"], answer["metadata"]["uid"]
+
+
 class ControlPlaneError(RuntimeError):
     """A component failed to build, start or become ready."""
 
@@ -520,19 +532,15 @@ class ControlPlane:
         options = {"gracePeriodSeconds": str(grace_period)} if grace_period is not None else {}
         selectors = {k: v for k, v in (("fieldSelector", field_selector), ("labelSelector", label_selector)) if v}
         if names:
-            for name in names:
-                self.api_call("DELETE", res.path(ns, name), query=options, ok=ok)
-        else:
-            self.api_call("DELETE", res.path(ns, None), query={**selectors, **options})
-        if wait is None:
-            return
-        deadline = time.monotonic() + wait
-        while True:
-            if names:
-                left = [n for n in names if self.api_call("GET", res.path(ns, n), ok=(404,)).get("kind") != "Status"]
-            else:
-                listed = self.api_call("GET", res.path(ns, None), query=selectors)
-                left = [i["metadata"]["name"] for i in listed.get("items", [])]
+            answers = [self.api_call("DELETE", res.path(ns, name), query=options, ok=ok) for name in names]
+        else:  # a collection's delete answers the list of what it deleted
+            answers = self.api_call("DELETE", res.path(ns, None), query={**selectors, **options}).get("items", [])
+        # As kubectl waits: for these objects, by UID; one of the same name made since (a publisher restoring its
+        # slices) is another object.
+        deleted = dict(filter(None, map(_deleted, answers)))
+        deadline = time.monotonic() + (wait or 0)
+        while wait is not None:
+            left = [n for n, uid in deleted.items() if _uid(self.api_call("GET", res.path(ns, n), ok=(404,))) == uid]
             if not left:
                 return
             if time.monotonic() > deadline:
