@@ -175,7 +175,7 @@ def test_an_upgrade_keeps_the_certificate(helm: Helm, control_plane: ControlPlan
         assert {h["clientConfig"]["caBundle"] for h in _one(again, "ValidatingWebhookConfiguration")["webhooks"]} == {
             bundle
         }
-        fresh = _render(helm, *ENABLED, namespace=namespace)  # no cluster to look in: a new pair
+        fresh = _render(helm, *ENABLED, namespace=namespace, fresh=True)  # no cluster to look in: a new pair
         assert _one(fresh, "Secret", f"{NAME}-tls")["data"]["ca.crt"] != bundle
     finally:
         control_plane.delete("namespace", namespace, missing_ok=False)

@@ -107,17 +107,21 @@ def _run(helm: Helm, *args: str, check: bool = True) -> subprocess.CompletedProc
 _TEMPLATES: dict[tuple[str, ...], str] = {}
 
 
-def _template(helm: Helm, *values: str, release: str = RELEASE, namespace: str = NAMESPACE) -> str:
+def _template(helm: Helm, *values: str, release: str = RELEASE, namespace: str = NAMESPACE, fresh: bool = False) -> str:
     """`helm template`, rendered once per process for the same arguments (a helm run costs 0.3 s of CPU, and a
-    third of the module's renders are of the chart's defaults)."""
+    third of the module's renders are of the chart's defaults); `fresh`: rendered again (the webhook's certificates
+    are new on every render)."""
     args = ("template", release, str(CHART), "--namespace", namespace, *values)
-    if args not in _TEMPLATES:
+    if fresh or args not in _TEMPLATES:
         _TEMPLATES[args] = _run(helm, *args).stdout
     return _TEMPLATES[args]
 
 
-def _render(helm: Helm, *values: str, release: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(_template(helm, *values, release=release, namespace=namespace)) if d]
+def _render(
+    helm: Helm, *values: str, release: str = RELEASE, namespace: str = NAMESPACE, fresh: bool = False
+) -> list[dict[str, Any]]:
+    rendered = _template(helm, *values, release=release, namespace=namespace, fresh=fresh)
+    return [d for d in yaml.safe_load_all(rendered) if d]
 
 
 def _one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -61,6 +61,10 @@ FIXED_HOST_PATHS = (
     Path("/etc/cni/net.d"),
     Path("/var/log/containers"),  # the kubelet's symlinks to container logs (pod logs go to podLogsDir)
 )
+# The kubelet's device-plugin checkpoint, in that fixed directory. A session killed before stop() leaves it (and the
+# directory) behind, and a new kubelet would restore the resources it names into its Node's capacity (nvidia.com/gpu
+# from the device-plugin test): start() removes it.
+DEVICE_PLUGIN_CHECKPOINT = Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
 # The Node's address: the kubelet refuses a loopback node IP, and the API server reaches the kubelet (logs, exec) by
 # the Node's InternalIP. An address from TEST-NET-1 (RFC 5737, never routed) on the lo interface: only this machine's
 # own processes reach it; pods in their network namespaces do not.
@@ -285,6 +289,7 @@ class Node:
         self._sysctls = {name: _read_sysctl(name) for name in KUBELET_SYSCTLS}
         self._netns_before = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
         self._created_host_paths = [p for p in FIXED_HOST_PATHS if not p.exists()]
+        DEVICE_PLUGIN_CHECKPOINT.unlink(missing_ok=True)  # another node's: none runs while this one holds the lock
         self._host_before = self._host_state()
         self.node_bin_dir = ensure_node_binaries()
         self._add_node_ip()
