@@ -130,11 +130,14 @@ class DriverRelease:
 
     def install(self, *extra: str, timeout: float = 180.0, wait: bool = True) -> None:
         """Import the image (once per node), install or upgrade the release, and (with `wait`) wait until the
-        DaemonSet is rolled out and the plugin registered."""
+        DaemonSet is rolled out and the plugin registered: by a new pod, where the upgrade made one (until then the
+        kubelet refuses to prepare the node's claims, and the new pod may publish its slices before that)."""
         self.log.start()
         reference = f"{IMAGE_REPOSITORY}:{chart_version()}"
         if reference not in self.node.image_names():
             self.node.import_image(driver_image())
+        pods_before = {p["metadata"]["uid"] for p in self.pods()}
+        registered = self.registrations()
         self.helm_cmd(
             "upgrade", "--install", self.release, str(CHART), "--namespace", self.namespace, "--create-namespace",
             *self.values(), *extra,
@@ -142,7 +145,8 @@ class DriverRelease:
         if wait:
             deadline = time.monotonic() + timeout
             self.wait_rollout(deadline)
-            self.wait_registered(deadline)
+            new_pod = any(p["metadata"]["uid"] not in pods_before for p in self.pods())
+            self.wait_registered(deadline, registrations=registered + 1 if new_pod else max(registered, 1))
 
     def wait_rollout(self, deadline: float) -> None:
         """Until the DaemonSet's pods all run the current template and no old pod is left."""
