@@ -1,5 +1,6 @@
-"""`kubectl get ... -o json` answered in the test process, for `ControlPlane.kubectl_json` (and the plain calls of
-`ControlPlane.api_call`, e.g. creating a kubelet-less Node).
+"""`kubectl get ... -o json` answered in the test process, for `ControlPlane.kubectl_json`, and the connection and
+resource names of `ControlPlane`'s other calls from the test process (`api_call`, and `apply`, `create`, `delete`
+and `patch` in place of kubectl's).
 
 Each kubectl run is a Go process that costs about 0.12 s of CPU before it asks anything (0.25 s for `apply`); the
 tests poll the API server with `get` thousands of times a run, and on a 2-core machine those processes were a fifth
@@ -21,6 +22,7 @@ import json
 import ssl
 import threading
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,32 +204,35 @@ class ApiReader:
                 add(g["name"], g["preferredVersion"]["groupVersion"])
         return found
 
-    def resolve(self, name: str, timeout: float) -> Resource | None:
-        """kubectl's resource for `name`: plural, singular, short name or kind, optionally suffixed by its group."""
+    def _find(self, match: Callable[[str, Resource, tuple[str, ...]], bool], timeout: float) -> Resource | None:
+        """The first discovered resource that `match(group, resource, names)` accepts; discovery is read again once
+        where none does (a CRD installed since)."""
         for refresh in (False, True):
             with self._lock:
                 if self._resources is None or refresh:
                     self._resources = self._discover(timeout)
                 resources = self._resources
             for group, resource, names in resources:
-                for candidate in names:
-                    if candidate and name.lower() in (candidate, f"{candidate}.{group}" if group else candidate):
-                        return resource
+                if match(group, resource, names):
+                    return resource
         return None
+
+    def resolve(self, name: str, timeout: float) -> Resource | None:
+        """kubectl's resource for `name`: plural, singular, short name or kind, optionally suffixed by its group."""
+
+        def named(group: str, _: Resource, names: tuple[str, ...]) -> bool:
+            return any(c and name.lower() in (c, f"{c}.{group}" if group else c) for c in names)
+
+        return self._find(named, timeout)
 
     def resource_of(self, api_version: str, kind: str, timeout: float = 60.0) -> Resource:
         """The resource that objects of `kind` in `api_version` are, at that version (discovery lists each group's
         preferred version; the plural and scope are the same in every version)."""
         group = api_version.rpartition("/")[0]
-        for refresh in (False, True):
-            with self._lock:
-                if self._resources is None or refresh:
-                    self._resources = self._discover(timeout)
-                resources = self._resources
-            for g, resource, _ in resources:
-                if g == group and resource.kind == kind:
-                    return Resource(api_version, resource.plural, kind, resource.namespaced)
-        raise ApiError(f'error: resource mapping not found for kind "{kind}" in version "{api_version}"')
+        found = self._find(lambda g, resource, _: g == group and resource.kind == kind, timeout)
+        if found is None:
+            raise ApiError(f'error: resource mapping not found for kind "{kind}" in version "{api_version}"')
+        return Resource(api_version, found.plural, kind, found.namespaced)
 
     def get(self, args: tuple[str, ...], timeout: float = 60.0) -> Any | None:
         """`kubectl get <args>` as kubectl prints it with `-o json`; None where it is kubectl's to answer.
