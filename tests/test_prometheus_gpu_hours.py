@@ -130,7 +130,7 @@ def run(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         log.close()
         # Leave the session's control plane as found: another module's scheduler test must not see this node's GPUs.
         for namespace in sorted({c[0] for c in CLAIMS}):
-            cp.delete("namespace", namespace, missing_ok=False, check=False)
+            cp.delete("namespace", namespace, check=False)
         cp.delete("deviceclass", "gh-gpu", "gh-mig", wait=120, check=False)
         cp.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={NODE}", check=False)
         cp.delete_node(NODE)

@@ -183,9 +183,7 @@ def side_by_side(
                 unexpected = [w for w in plugin.warnings() if not HEALTH_UNIMPLEMENTED.search(w)]
                 assert plugin.alive() and unexpected == [], plugin.log_tail()
     finally:
-        node.cp.delete(
-            "deviceclass", *(c["metadata"]["name"] for c in classes), missing_ok=False, wait=120, check=False
-        )
+        node.cp.delete("deviceclass", *(c["metadata"]["name"] for c in classes), wait=120, check=False)
 
 
 def compare(theirs: dict[str, Any], ours: dict[str, Any]) -> None:
