@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,23 @@ def _bound_token(cp, pod_name: str, node: str) -> str:  # type: ignore[no-untype
     )  # fmt: skip
 
 
+def _in_force(what: str, denied_dry_run: Callable[[], object]) -> None:
+    """An admission policy is in force a while after it is applied: the API server compiles policies from its
+    informers about once a second. Wait until the dry run of a write it denies is denied (403); a dry run changes
+    nothing while the policy is not in force yet."""
+
+    def denied() -> bool:
+        try:
+            denied_dry_run()
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            return True
+        return False
+
+    wait_until(what, denied)
+
+
 def test_service_account_publishes_only_its_own_node(control_plane, tmp_path: Path) -> None:
     cp = control_plane
     cp.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
@@ -61,6 +79,14 @@ def test_service_account_publishes_only_its_own_node(control_plane, tmp_path: Pa
         cp.create_node(node)
     token = _bound_token(cp, "daemon-a", "rbac-a")
     api = _token_client(cp, token)
+    from kubernetes import client
+
+    objects = client.CustomObjectsApi(api)
+    probe = Desired("dgx-a100", "rbac-b", tmp_path / "probe")(1, None)[0].to_api()
+    _in_force(
+        "the slice policy denies another node's slices",
+        lambda: objects.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", probe, dry_run="All"),
+    )
     own = Publisher(
         api, node_name="rbac-a", driver=DEFAULT_DRIVER_NAME, desired=Desired("dgx-h100", "rbac-a", tmp_path / "a")
     )
@@ -74,9 +100,6 @@ def test_service_account_publishes_only_its_own_node(control_plane, tmp_path: Pa
     assert denied.value.status == 403 and "may only write ResourceSlices of node rbac-a" in denied.value.body
     admin_slice = Desired("dgx-a100", "rbac-b", tmp_path / "c")(1, None)[0].to_api()
     cp.create(admin_slice)
-    from kubernetes import client
-
-    objects = client.CustomObjectsApi(api)
     with pytest.raises(API_ERRORS) as delete_denied:
         objects.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", admin_slice["metadata"]["name"])
     assert delete_denied.value.status == 403
@@ -165,7 +188,6 @@ def test_claim_status_policy_confines_status_writes_without_granular_authorizati
     from dra_driver.health.claim_status import FIELD_MANAGER
     from dra_driver.plugin.claims import KubeClaimSource
     from tests.plugin_helpers import claim
-    from tests.polling import wait_until
 
     cp = ungranular_status_cluster
     cp.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
@@ -208,20 +230,13 @@ def test_claim_status_policy_confines_status_writes_without_granular_authorizati
     try:
         own_name, other_name = own["metadata"]["name"], other["metadata"]["name"]
 
-        def other_node_denied() -> bool:  # a dry run: no change while the new policy is not in force yet
-            try:
-                client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-                    "resource.k8s.io", "v1", "default", "resourceclaims", other_name, body(other, node_b),
-                    field_manager=FIELD_MANAGER, force=True, dry_run="All",
-                    _content_type="application/apply-patch+yaml",
-                )  # fmt: skip
-            except ApiException as e:
-                if e.status != 403:
-                    raise
-                return True
-            return False
-
-        wait_until("the claim status policy denies another node's claim", other_node_denied)
+        _in_force(
+            "the claim status policy denies another node's claim",
+            lambda: client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+                "resource.k8s.io", "v1", "default", "resourceclaims", other_name, body(other, node_b),
+                field_manager=FIELD_MANAGER, force=True, dry_run="All", _content_type="application/apply-patch+yaml",
+            ),
+        )  # fmt: skip
         before = status(own)
         claims.apply_claim_status("default", own_name, body(own, node_a), FIELD_MANAGER)  # its own entry: allowed
         after = status(own)
