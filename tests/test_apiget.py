@@ -155,6 +155,9 @@ def test_reads_go_on_across_an_api_server_restart(cluster: ControlPlane) -> None
         with pytest.raises(KubectlError) as down:
             cluster.kubectl_json("get", "namespace", NS)
         assert "Unable to connect to the server" in down.value.stderr
+        with pytest.raises(KubectlError, match="Unable to connect to the server"):
+            cluster.pod_log("p", NS)
+        assert cluster.pod_log("p", NS, check=False) == ""
     finally:
         cluster.start_apiserver()
     assert cluster.kubectl_json("get", "namespace", NS)["metadata"]["name"] == NS
@@ -257,6 +260,23 @@ def test_delete_by_name_or_selector_waits_when_asked(cluster: ControlPlane) -> N
         cluster.delete("configmap", "del-0", namespace=NS, missing_ok=False)
     assert refused.value.stderr == 'Error from server (NotFound): configmaps "del-0" not found'
     cluster.delete("configmap", "del-2", namespace=NS)
+
+
+def test_a_delete_of_several_names_deletes_all_it_can_then_fails_as_kubectl(cluster: ControlPlane) -> None:
+    """kubectl without --ignore-not-found deletes every name it can, then fails for the missing ones."""
+    for name in ("several-by-kubectl", "several-in-process"):
+        cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS}})
+    by_kubectl = cluster.kubectl("delete", "configmap", "absent", "several-by-kubectl", "-n", NS, check=False)
+    assert by_kubectl.returncode != 0
+    with pytest.raises(KubectlError) as refused:
+        cluster.delete("configmap", "absent", "several-in-process", namespace=NS, missing_ok=False, wait=30)
+    assert (
+        refused.value.stderr
+        == by_kubectl.stderr.strip()
+        == 'Error from server (NotFound): configmaps "absent" not found'
+    )
+    for name in ("several-by-kubectl", "several-in-process"):
+        assert "(NotFound)" in _refusal(cluster, "configmap", name)
 
 
 def _refusal(cp: ControlPlane, kind: str, name: str) -> str:

@@ -5,7 +5,6 @@ real: slices that break its rules are refused."""
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 import time
 from collections.abc import Iterator
@@ -16,14 +15,19 @@ import pytest
 
 from dra_driver.api.slice import DeviceTaint, ResourceSlice
 from dra_driver.health.monitor import INFORMATIONAL_EFFECT_MINOR, publishable
-from dra_driver.kube.rest import ApiError, KubeRest, connect
 from dra_driver.nvml.discovery import discover
 from dra_driver.nvml.inventory import Inventory
 from dra_driver.simulator.catalog import machine_names
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.slices.builder import PublishMode, build_slices
 from dra_driver.slices.limits import limits_for, parse_minor
-from tests.cluster.controlplane import LAYOUT_GATES, ControlPlane, layout_runtime_config, matrix_versions
+from tests.cluster.controlplane import (
+    LAYOUT_GATES,
+    ControlPlane,
+    KubectlError,
+    layout_runtime_config,
+    matrix_versions,
+)
 from tests.cluster.scheduling import schedule_claim
 from tests.test_allocbench import class_name, classes
 
@@ -67,31 +71,13 @@ def _slices(machine: str, node: tuple[str, str], version: str, mode: PublishMode
     return build_slices(_inventory(machine), node_name=name, node_uid=uid, k8s_version=version, mode=mode)
 
 
-def _as_list(slices: list[dict[str, Any]]) -> str:
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
-
-
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-
-
-def _rest(cp: ControlPlane) -> KubeRest:
-    """An HTTP client of `cp`: the hundreds of creates, lists and deletes below, each a kubectl process otherwise,
-    cost a third of the module's time that way."""
-    return _client(cp.kubeconfig)
-
-
-@functools.cache
-def _client(kubeconfig: Path) -> KubeRest:
-    return connect(kubeconfig)
-
-
 def _server_slices(cp: ControlPlane, node_name: str) -> dict[str, Any]:
-    listed = _rest(cp).get(SLICES, fieldSelector=f"spec.nodeName={node_name}")
+    listed = cp.kubectl_json("get", "resourceslices", f"--field-selector=spec.nodeName={node_name}")
     return {s["metadata"]["name"]: s for s in listed["items"]}
 
 
 def _delete_slices(cp: ControlPlane, node_name: str) -> None:
-    _rest(cp).request("DELETE", SLICES, query={"fieldSelector": f"spec.nodeName={node_name}"})
+    cp.delete("resourceslices", field_selector=f"spec.nodeName={node_name}")
 
 
 def _differences(ours: Any, theirs: Any, path: str = "spec") -> list[str]:
@@ -119,9 +105,9 @@ def _apply_and_compare(
     try:
         for ours in slices:
             try:
-                _rest(cp).request("POST", f"/apis/{ours['apiVersion']}/resourceslices", body=ours)
-            except ApiError as e:
-                pytest.fail(f"the server rejected {what}: {e}")
+                cp.create(ours)
+            except KubectlError as e:
+                pytest.fail(f"the server rejected {what}: {e.stderr}")
         on_server = _server_slices(cp, node_name)
         assert sorted(on_server) == sorted(s["metadata"]["name"] for s in slices)
         for ours in slices:
@@ -173,7 +159,7 @@ def test_server_keeps_device_taints(
         # before 1.35 the server knows no effect None, and the driver leaves such taints out
         assert publishable(taints, minor) == {}
         (tainted,) = [s.to_api() for s in slices if any(d.taints for d in s.spec.devices or [])]
-        assert 'taints[0].effect: Unsupported value: "None"' in _create(server, tainted)
+        assert 'taints[0].effect: Unsupported value: "None"' in _refusal(server, tainted)
         return
     _apply_and_compare(server, [s.to_api() for s in slices], node, f"a {effect} taint", table=True)
 
@@ -182,12 +168,14 @@ def _partitionable_h200(node: tuple[str, str], version: str) -> list[dict[str, A
     return [s.to_api() for s in _slices("dgx-h200", node, version, PublishMode.PARTITIONABLE)]
 
 
-def _create(cp: ControlPlane, obj: dict[str, Any]) -> str:
-    proc = cp.kubectl("create", "-f", "-", input=json.dumps(obj), check=False)
-    if proc.returncode == 0:
-        _delete_slices(cp, obj["spec"]["nodeName"])
-        pytest.fail(f"the server accepted an invalid slice: {proc.stdout}")
-    return proc.stderr
+def _refusal(cp: ControlPlane, obj: dict[str, Any]) -> str:
+    """The server's message refusing `obj`, as kubectl prints it."""
+    try:
+        cp.create(obj)
+    except KubectlError as e:
+        return str(e.stderr)
+    _delete_slices(cp, obj["spec"]["nodeName"])
+    pytest.fail(f"the server accepted an invalid slice: {obj['metadata']['name']}")
 
 
 def _at_the_limit(slices: list[dict[str, Any]], minor: int, beyond: bool) -> tuple[dict[str, Any], str]:
@@ -225,7 +213,7 @@ def test_server_refuses_one_device_past_its_minors_bound(
 ) -> None:
     bad, message = _at_the_limit(_partitionable_h200(node, f"1.{minor}"), minor, beyond=True)
     bad["metadata"]["name"] = "too-many-devices"
-    err = _create(server, bad)
+    err = _refusal(server, bad)
     assert message in err, err
 
 
@@ -245,12 +233,12 @@ def test_server_refuses_the_other_counter_layout(server: ControlPlane, minor: in
     if minor == 34:
         slices = _partitionable_h200(node, "1.35")
         assert not slices[1]["spec"].get("sharedCounters") and slices[1]["spec"].get("devices")
-        err = _create(server, slices[1])
+        err = _refusal(server, slices[1])
         assert "must reference a counterSet defined in the ResourceSlice sharedCounters" in err, err
         return
     slices = _partitionable_h200(node, "1.34")
     assert slices[0]["spec"].get("sharedCounters") and slices[0]["spec"].get("devices")
-    err = _create(server, slices[0])
+    err = _refusal(server, slices[0])
     assert "only one of `sharedCounters` or `devices` is allowed" in err, err
 
 
@@ -262,7 +250,7 @@ def test_the_scheduler_of_each_minor_allocates_from_its_layout(
     resource.k8s.io/v1alpha3: its scheduler waits for DeviceTaintRules, tests.cluster.controlplane)."""
     slices = [s.to_api() for s in _slices("dgx-h100", node, f"1.{minor}", PublishMode.PARTITIONABLE)]
     namespace = f"schedule-{minor}"
-    server.kubectl("apply", "-f", "-", input=_as_list([*classes(), *slices]))
+    server.apply(*classes(), *slices)
     server.create_namespace(namespace)
     time.sleep(3)  # the scheduler's informers see the new classes and slices (else a first Unschedulable)
     try:
@@ -278,5 +266,5 @@ def test_the_scheduler_of_each_minor_allocates_from_its_layout(
         # no kubelet confirms a bound pod's end: force it, or the namespace waits for it
         server.delete("pods", namespace=namespace, grace_period=0, wait=120)
         server.delete_namespace(namespace, pods_first=False)
-        server.kubectl("delete", "--ignore-not-found", "-f", "-", input=_as_list(classes()))
+        server.delete("deviceclasses", *(c["metadata"]["name"] for c in classes()))
         _delete_slices(server, node[0])

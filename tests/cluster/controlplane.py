@@ -531,9 +531,14 @@ class ControlPlane:
         ok = (404,) if missing_ok else ()
         options = {"gracePeriodSeconds": str(grace_period)} if grace_period is not None else {}
         selectors = {k: v for k, v in (("fieldSelector", field_selector), ("labelSelector", label_selector)) if v}
-        if names:
-            answers = [self.api_call("DELETE", res.path(ns, name), query=options, ok=ok) for name in names]
-        else:  # a collection's delete answers the list of what it deleted
+        answers: list[Any] = []
+        failures: list[KubectlError] = []
+        for name in names:  # as kubectl: a name that fails does not keep the others from going; it fails at the end
+            try:
+                answers.append(self.api_call("DELETE", res.path(ns, name), query=options, ok=ok))
+            except KubectlError as e:
+                failures.append(e)
+        if not names:  # a collection's delete answers the list of what it deleted
             answers = self.api_call("DELETE", res.path(ns, None), query={**selectors, **options}).get("items", [])
         # As kubectl waits: for these objects, by UID; one of the same name made since (a publisher restoring its
         # slices) is another object.
@@ -542,11 +547,15 @@ class ControlPlane:
         while wait is not None:
             left = [n for n, uid in deleted.items() if _uid(self.api_call("GET", res.path(ns, n), ok=(404,))) == uid]
             if not left:
-                return
+                break
             if time.monotonic() > deadline:
                 message = f"error: timed out waiting for the deletion of {resource} {', '.join(left)}"
-                raise KubectlError(1, ["kubectl", "delete", resource], "", message)
+                failures.append(KubectlError(1, ["kubectl", "delete", resource], "", message))
+                break
             time.sleep(0.2)
+        if failures:
+            message = "\n".join(e.stderr for e in failures)
+            raise KubectlError(1, ["kubectl", "delete", resource, *names], "", message)
 
     def patch(self, resource: str, name: str, patch: Any, *, namespace: str = DEFAULT_NAMESPACE,
               type: str = "merge", subresource: str | None = None) -> dict[str, Any]:  # fmt: skip
@@ -560,9 +569,13 @@ class ControlPlane:
     def pod_log(self, name: str, namespace: str, *, check: bool = True) -> str:
         """`kubectl logs -n NAMESPACE NAME`, read from this process; with check=False "" where kubectl would fail
         (the container has not started, the pod is gone)."""
-        status, log = self._api().request(f"/api/v1/namespaces/{namespace}/pods/{name}/log", text=True)
+        cmd = ["kubectl", "logs", "-n", namespace, name]
+        try:
+            status, log = self._api().request(f"/api/v1/namespaces/{namespace}/pods/{name}/log", text=True)
+        except OSError as e:  # as api_call: an unreachable server is a failed call, not a raw socket error
+            status, log = 0, f"Unable to connect to the server: {e}"
         if status != 200 and check:
-            raise KubectlError(1, ["kubectl", "logs", "-n", namespace, name], "", log)
+            raise KubectlError(1, cmd, "", str(log))
         return str(log) if status == 200 else ""
 
     def _client_ssl(self) -> ssl.SSLContext:
