@@ -54,8 +54,9 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.tools.state import SharingState
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from tests.cluster.controlplane import KubectlError
-from tests.daemon_zygote import Zygote, ZygoteChild, die_with_parent
+from tests.daemon_zygote import Zygote, ZygoteChild
 from tests.kubelet_harness import KubeletHarness
+from tests.processes import die_with_parent
 from tests.sharing_helpers import stop_daemons
 
 DRIVER = DEFAULT_DRIVER_NAME

@@ -30,7 +30,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Pre-exec (or first thing in a child): get SIGKILL when the parent dies, so no daemon outlives a test."""
+    """Pre-exec (or first thing in a child): get SIGKILL when the parent dies, so no daemon outlives a test. The
+    zygote's own copy of tests.processes.die_with_parent: it runs as a script with another driver root on its path,
+    where no `tests` package need be."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.libnvml_support import simulated_library
-from tests.nvidia_tools import nvidia_tool, stop
+from tests.nvidia_tools import nvidia_tool
+from tests.processes import stop
 
 PLUGIN = "nvidia-device-plugin"
 RESOURCE = "nvidia.com/gpu"

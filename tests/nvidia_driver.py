@@ -52,7 +52,8 @@ from dra_driver.cdi.devnodes import CharDevice, char_majors, gpu_nodes
 from dra_driver.simulator.nvml import SimulatedNvml
 from tests.cluster.controlplane import ControlPlane
 from tests.libnvml_support import simulated_library
-from tests.nvidia_tools import nvidia_tool, stop
+from tests.nvidia_tools import nvidia_tool
+from tests.processes import stop
 
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-kubelet-plugin"

@@ -4,7 +4,6 @@ their Go modules by scripts/build-nvidia-tools.sh; skips without Go unless DRA_K
 from __future__ import annotations
 
 import functools
-import subprocess
 from pathlib import Path
 
 from tests.gotools import run_build_script
@@ -17,15 +16,3 @@ def nvidia_tool(name: str) -> Path:
     tools = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
     assert name in tools, f"scripts/build-nvidia-tools.sh built {sorted(tools)}, not {name}"
     return Path(tools[name])
-
-
-def stop(proc: subprocess.Popen[bytes] | None) -> None:
-    """A tool's process ended: SIGTERM, then SIGKILL after 30 s; nothing to do when it has gone already."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)

@@ -13,8 +13,8 @@ from pathlib import Path
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
 from tests.cluster.controlplane import ControlPlane
-from tests.daemon_zygote import die_with_parent
 from tests.kubelet_harness import KubeletHarness
+from tests.processes import die_with_parent, stop
 from tests.test_publisher import api_client
 from tests.test_refplugin import allocated_claims, check_minimal_plugin, delete_claims, short_registry_dir
 
@@ -40,8 +40,7 @@ def test_floor_plugin_registers_prepares_and_unprepares(control_plane: ControlPl
         with KubeletHarness(registry, DRIVER) as kubelet:
             check_minimal_plugin(kubelet, api, node, claims[0], plugin_dir, cdi_root, 8, refuses)
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc, 20)
         shutil.rmtree(registry, ignore_errors=True)
         delete_claims(api, claims)
         control_plane.delete("resourceslices", wait=120, field_selector=f"spec.nodeName={node}", check=False)

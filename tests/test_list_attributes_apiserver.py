@@ -28,7 +28,7 @@ from dra_driver.slices.builder import NumaNodeForm, PublishMode, build_slices
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.scheduling import schedule_claim
 from tests.polling import wait_for
-from tests.test_apiserver_accepts_slices import _apply_and_compare, _create
+from tests.test_apiserver_accepts_slices import _apply_and_compare, _refusal
 from tests.test_list_attributes import CLASS, STANDARD, four_gpus_on_one_numa_node
 from tests.test_publisher import api_client
 
@@ -77,7 +77,7 @@ def test_server_without_the_gate_rejects_the_list_form(control_plane: ControlPla
             s.to_api()
             for s in _slices("dgx-h100-snc2", tmp_path, (NODE, uid), "1.37", PublishMode.GPUS, NumaNodeForm.LIST)
         ]
-        err = _create(control_plane, slices[0])
+        err = _refusal(control_plane, slices[0])
         assert STANDARD in err and "must specify one of" in err, err  # the list dropped, no value left
     finally:
         control_plane.delete_node(NODE)

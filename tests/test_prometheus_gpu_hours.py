@@ -27,6 +27,7 @@ from tests.cluster.prometheus import PrometheusServer, free_port, require_promet
 from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import GPU_CLASS, MIG_CLASS, claim, ref
 from tests.polling import wait_until
+from tests.processes import stop
 from tests.test_publisher import pool, pool_complete
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,12 +122,7 @@ def run(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     finally:
         kubelet.close()
         prom.stop()
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait(timeout=10)
+        stop(daemon)
         log.close()
         # Leave the session's control plane as found: another module's scheduler test must not see this node's GPUs.
         for namespace in sorted({c[0] for c in CLAIMS}):

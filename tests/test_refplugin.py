@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -24,8 +23,8 @@ import pytest
 from dra_driver.plugin.types import ClaimRef
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME as DRIVER
 from tests.cluster.controlplane import ControlPlane
-from tests.daemon_zygote import die_with_parent
 from tests.kubelet_harness import KubeletHarness
+from tests.processes import die_with_parent, stop
 from tests.test_allocbench import _build
 from tests.test_publisher import api_client
 
@@ -69,12 +68,7 @@ class RefPlugin:
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(STOP_TIMEOUT_S)
+        stop(self.proc, STOP_TIMEOUT_S)
         self.proc = None
         for sock in self.registry_dir.glob("*"):
             sock.unlink(missing_ok=True)

@@ -10,7 +10,6 @@ free ports; certificates come from a throwaway CA (openssl CLI); the work direct
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from typing import IO, Any
 
 from dra_driver.slices.limits import parse_minor
 from tests.cluster.apiget import DEFAULT_NAMESPACE, ApiError, ApiReader, Resource, server_error
+from tests.processes import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
@@ -69,7 +69,6 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "root-ca-certificate-publisher-controller",
 )
 
-_PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 40
 
 
@@ -178,12 +177,6 @@ def _flag(name: str, gates: Mapping[str, bool]) -> list[str]:
     return [f"{name}=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))] if gates else []
 
 
-def _die_with_parent() -> None:
-    """Child pre-exec: get SIGKILL if the Python process dies without calling stop() (no orphans)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def openssl(*args: str, cwd: Path) -> None:
     proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -289,7 +282,7 @@ def spawn_component(
         stderr=subprocess.STDOUT,
         env=environ,
         cwd=work_dir,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
     return _Component(
         name=name, process=process, log_path=log_path, log_file=log_file, command=[str(binary), *args], env=environ
@@ -682,7 +675,7 @@ class ControlPlane:
             stderr=subprocess.STDOUT,
             env=comp.env,
             cwd=self.work_dir,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self.wait_http(comp, f"{self.server}/readyz", time.monotonic() + timeout)
 

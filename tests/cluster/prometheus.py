@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.polling import wait_for, wait_until
+from tests.processes import stop
 
 
 def require_prometheus() -> str:
@@ -120,12 +121,7 @@ class PrometheusServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        stop(self.proc, timeout=15)
         self.proc = None
 
     def __enter__(self) -> PrometheusServer:
