@@ -484,6 +484,34 @@ def test_probe_fails_clearly(preparer: FakePreparer, short_dir: Path, capsys) ->
     assert code != 0 and f"{srv.dra_socket_path}: no answer" in out, out
 
 
+def test_probe_registered_waits_for_the_kubelets_registration(preparer: FakePreparer, short_dir: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The chart's startup and readiness check: serving sockets are not enough, the kubelet must have registered this
+    instance (else a rolling update removes the old pod before the kubelet knows the new one)."""
+    registry_dir = short_dir / "plugins_registry"
+    srv = PluginServer(
+        preparer, DRIVER, short_dir / "plugins" / DRIVER, registry_dir, CollectorRegistry(), socket_check_interval_s=0.1
+    )
+    with srv, KubeletHarness(registry_dir, DRIVER) as kubelet:
+        assert _probe(short_dir, capsys)[0] == 0  # liveness: the sockets answer
+        code, out = _probe(short_dir, capsys, "--registered")
+        assert code != 0 and f"{srv.registration_socket_path}: not registered by the kubelet (NOT_SERVING)" in out, out
+        kubelet.register()
+        code, out = _probe(short_dir, capsys, "--registered")
+        assert code == 0 and f"{srv.registration_socket_path}: registered by the kubelet" in out, out
+        with pytest.raises(grpc.RpcError):  # a rejection: not registered any more
+            kubelet.notify_registration_status(False, "version not supported")
+        assert _probe(short_dir, capsys, "--registered")[0] != 0
+        kubelet.register()
+        assert _probe(short_dir, capsys, "--registered")[0] == 0
+        srv.registration_socket_path.unlink()  # the kubelet drops the plugin; the socket is served again
+        path = srv.registration_socket_path
+        wait_until("the socket served again", lambda: path.exists() and _serving(path), timeout=10)
+        code, out = _probe(short_dir, capsys, "--registered")
+        assert code != 0 and "not registered by the kubelet" in out, out
+        kubelet.register()
+        assert _probe(short_dir, capsys, "--registered")[0] == 0
+
+
 def test_the_probe_command_loads_grpc_but_not_the_driver(tmp_path: Path) -> None:
     """The kubelet runs `dra-driver probe` every few seconds: it must not pay for the CLI's imports (the driver's
     pydantic models, the Kubernetes client, the plugin's servers)."""

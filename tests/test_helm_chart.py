@@ -463,7 +463,7 @@ def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(
         assert probe["timeoutSeconds"] > 1 + 2 * args.timeout  # interpreter start, then both sockets
         # a slow start (discovery, the first API calls) is the startup probe's to wait out, checking often
         start = c["startupProbe"]
-        assert start["exec"]["command"] == command and start["periodSeconds"] <= 2
+        assert start["exec"]["command"] == [*command, "--registered"] and start["periodSeconds"] <= 2
         assert (
             start["periodSeconds"] * start["failureThreshold"] >= 60
             and start["timeoutSeconds"] == probe["timeoutSeconds"]
@@ -477,10 +477,17 @@ def test_liveness_probe_checks_the_kubelet_sockets_the_plugin_serves(
     assert "startupProbe" not in _plugin(_render(helm, "--set", "startupProbe.enabled=false"))["c"]
 
 
-def test_readiness_waits_for_the_sockets_so_a_rolling_update_never_leaves_the_node_without_a_plugin(helm: Helm) -> None:
+def test_readiness_waits_for_the_registration_so_a_rolling_update_never_leaves_the_node_without_a_plugin(
+    helm: Helm,
+) -> None:
+    """Ready once this pod's own sockets answer and the kubelet has registered it (the kubelet registers a new socket
+    up to a second after it appears); liveness asks only that the sockets answer."""
+    from dra_driver.cli import build_parser
+
     c = _plugin(_render(helm))["c"]
     ready = c["readinessProbe"]
-    assert ready["exec"]["command"] == c["livenessProbe"]["exec"]["command"]  # this pod's own sockets answer
+    assert ready["exec"]["command"] == [*c["livenessProbe"]["exec"]["command"], "--registered"]
+    assert build_parser().parse_args(ready["exec"]["command"][1:]).registered
     assert ready["failureThreshold"] == 1 and ready["initialDelaySeconds"] == 0  # first once the startup probe passed
     assert ready["periodSeconds"] >= 10  # an exec probe starts an interpreter: not every second
     assert "readinessProbe" not in _plugin(_render(helm, "--set", "readinessProbe.enabled=false"))["c"]

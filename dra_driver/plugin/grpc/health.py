@@ -19,6 +19,12 @@ SERVING: int = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN: int = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
+# A name of the registration socket's health service: SERVING once the kubelet has reported this instance registered
+# (NotifyRegistrationStatus), NOT_SERVING until then, after a rejection and while the socket is bound again. The
+# kubelet registers a socket up to a second after it appears (its plugin manager's reconcile period): readiness that
+# waited only for the sockets let a rolling update remove the old pod before the kubelet knew the new one.
+KUBELET_REGISTRATION = "kubelet-registration"
+
 
 def check(channel: grpc.Channel, service: str = "", timeout: float = 5.0) -> int:
     """Client side: call Check and return the status number (raises grpc.RpcError, e.g. NOT_FOUND)."""

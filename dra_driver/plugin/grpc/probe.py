@@ -4,7 +4,9 @@
 A socket file that is gone, one nobody listens on (a daemon that died), or a server too busy to answer within the
 timeout all fail the check: the kubelet would not reach the plugin either. With a pod UID (a plugin started with
 ``--pod-uid``, for rolling updates) it checks that instance's own sockets, ``dra-<uid>.sock`` and
-``<driver>-<uid>-reg.sock``, not those of another pod of the driver on the same node.
+``<driver>-<uid>-reg.sock``, not those of another pod of the driver on the same node. With ``--registered`` (the
+chart's startup and readiness checks) it also requires that the kubelet has registered that instance: the
+registration socket's health service ``kubelet-registration`` (:data:`health.KUBELET_REGISTRATION`) is SERVING.
 
 The kubelet runs the check every few seconds in the driver's container, so it imports gRPC's health client and the
 socket names, never the plugin: ``dra-driver probe`` is dispatched here before the rest of the CLI is imported
@@ -46,8 +48,8 @@ class ProbeResult:
         return f"{self.socket}: {self.detail}"
 
 
-def probe_socket(path: Path, timeout: float) -> ProbeResult:
-    """Check the server as a whole (health service name "") on ``path``."""
+def probe_socket(path: Path, timeout: float, service: str = "") -> ProbeResult:
+    """Check health service ``service`` ("": the server as a whole) on ``path``."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -58,7 +60,7 @@ def probe_socket(path: Path, timeout: float) -> ProbeResult:
         return ProbeResult(path, False, "is not a socket")
     try:
         with grpc.insecure_channel(f"unix:{path}") as channel:
-            status = health.check(channel, timeout=timeout)
+            status = health.check(channel, service, timeout=timeout)
     except grpc.RpcError as exc:
         code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
@@ -67,8 +69,14 @@ def probe_socket(path: Path, timeout: float) -> ProbeResult:
     return ProbeResult(path, status == health.SERVING, _STATUS_NAMES.get(status, f"status {status}"))
 
 
-def probe(sockets: list[Path], timeout: float) -> list[ProbeResult]:
-    return [probe_socket(path, timeout) for path in sockets]
+def probe(sockets: list[Path], timeout: float, registered: bool = False) -> list[ProbeResult]:
+    """Each socket serving; with ``registered``, then the registration (the last socket) confirmed by the kubelet."""
+    results = [probe_socket(path, timeout) for path in sockets]
+    if registered and all(r.ok for r in results):
+        r = probe_socket(sockets[-1], timeout, health.KUBELET_REGISTRATION)
+        detail = "registered by the kubelet" if r.ok else f"not registered by the kubelet ({r.detail})"
+        results.append(ProbeResult(r.socket, r.ok, detail))
+    return results
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,6 +86,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--registry-dir", type=Path, default=DEFAULT_REGISTRY_DIR)
     add_pod_uid_argument(p, "as given to `plugin`: check the sockets of the plugin with this pod UID")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each socket's answer")
+    p.add_argument(
+        "--registered",
+        action="store_true",
+        help="also require that the kubelet has registered the plugin (readiness: a rolling update waits for it)",
+    )
     p.set_defaults(func=run)
 
 
@@ -89,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # a pod UID that cannot name a socket
         print(f"dra-driver: error: {e}", file=sys.stderr)
         return 1
-    results = probe(sockets, args.timeout)
+    results = probe(sockets, args.timeout, args.registered)
     for r in results:
         print(r if r.ok else f"dra-driver: error: {r}", file=sys.stdout if r.ok else sys.stderr)
     return 0 if all(r.ok for r in results) else 1

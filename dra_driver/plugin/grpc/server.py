@@ -223,8 +223,9 @@ class PluginServer:
             # know, and calls NodeWatchResources whether listed or not)
             [*SUPPORTED_VERSIONS, *([self._resource_health.service_name] if self._resource_health else [])],
             self._metrics,
-            on_status=on_registration,
+            on_status=self._registration_reported,
         )
+        self._on_registration = on_registration
         self._health = health.HealthServicer()
         self._health_names = [
             "",
@@ -292,6 +293,12 @@ class PluginServer:
         """Wait for the kubelet's NotifyRegistrationStatus; True if it reported success."""
         return self._registration.wait_registered(timeout)
 
+    def _registration_reported(self, status: RegistrationStatus) -> None:
+        state = health.SERVING if status.plugin_registered else health.NOT_SERVING
+        self._health.set(health.KUBELET_REGISTRATION, state)
+        if self._on_registration is not None:
+            self._on_registration(status)
+
     # -- lifecycle
 
     def _serve(self, path: Path, services: list[AddServicer], name: str, *, replace: bool = True) -> grpc.Server:
@@ -336,6 +343,7 @@ class PluginServer:
             self._remove_dead_sockets()
             for name in self._health_names:
                 self._health.set(name, health.SERVING)
+            self._health.set(health.KUBELET_REGISTRATION, health.NOT_SERVING)
             dra_services: list[AddServicer] = [self._dra.add_to_server]
             if self._resource_health is not None:
                 self._resource_health.start()
@@ -417,6 +425,8 @@ class PluginServer:
             if self._dra_server is not None:
                 self._dra_server = self._rebind(self._dra_socket, "dra", self._dra_server)
             if self._reg_server is not None:
+                if not self._reg_socket.exists():  # bound again, the kubelet registers it again
+                    self._health.set(health.KUBELET_REGISTRATION, health.NOT_SERVING)
                 self._reg_server = self._rebind(self._reg_socket, "registration", self._reg_server)
 
     def _rebind(self, path: Path, name: str, old: grpc.Server) -> grpc.Server:
