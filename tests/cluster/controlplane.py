@@ -562,13 +562,12 @@ class ControlPlane:
     def pod_log(self, name: str, namespace: str, *, check: bool = True) -> str:
         """`kubectl logs -n NAMESPACE NAME`, read from this process; with check=False "" where kubectl would fail
         (the container has not started, the pod is gone)."""
-        cmd = ["kubectl", "logs", "-n", namespace, name]
         try:
             status, log = self._api().request(f"/api/v1/namespaces/{namespace}/pods/{name}/log", text=True)
         except OSError as e:  # as api_call: an unreachable server is a failed call, not a raw socket error
             status, log = 0, f"Unable to connect to the server: {e}"
         if status != 200 and check:
-            raise KubectlError(1, cmd, "", str(log))
+            raise KubectlError(1, ["kubectl", "logs", "-n", namespace, name], "", str(log))
         return str(log) if status == 200 else ""
 
     def _client_ssl(self) -> ssl.SSLContext:

@@ -308,6 +308,8 @@ class PluginServer:
         path.parent.mkdir(parents=True, exist_ok=True)
         _check_replaceable(path)
         self._services[path] = services
+        if path == self._reg_socket:  # bound (again): not registered until the kubelet says so for this socket
+            self._health.set(health.KUBELET_REGISTRATION, health.NOT_SERVING)
         # gRPC unlinks the path it bound when it stops, even if another instance's socket is there by then: bind a
         # private name, and move the file into place
         tmp = path.parent / _tmp_name()
@@ -343,7 +345,6 @@ class PluginServer:
             self._remove_dead_sockets()
             for name in self._health_names:
                 self._health.set(name, health.SERVING)
-            self._health.set(health.KUBELET_REGISTRATION, health.NOT_SERVING)
             dra_services: list[AddServicer] = [self._dra.add_to_server]
             if self._resource_health is not None:
                 self._resource_health.start()
@@ -425,8 +426,6 @@ class PluginServer:
             if self._dra_server is not None:
                 self._dra_server = self._rebind(self._dra_socket, "dra", self._dra_server)
             if self._reg_server is not None:
-                if not self._reg_socket.exists():  # bound again, the kubelet registers it again
-                    self._health.set(health.KUBELET_REGISTRATION, health.NOT_SERVING)
                 self._reg_server = self._rebind(self._reg_socket, "registration", self._reg_server)
 
     def _rebind(self, path: Path, name: str, old: grpc.Server) -> grpc.Server:
