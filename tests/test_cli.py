@@ -37,7 +37,7 @@ def test_inventory_json_is_a_list_of_full_objects(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["kind"] == "List" and len(doc["items"]) == 9
+    assert doc["kind"] == "List" and len(doc["items"]) == 10
     first = doc["items"][1]
     assert first["apiVersion"] == "resource.k8s.io/v1" and first["kind"] == "ResourceSlice"
     assert first["spec"]["nodeName"] == "gpu-node-1" and first["spec"]["pool"]["name"] == "gpu-node-1"

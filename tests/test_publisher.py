@@ -21,6 +21,9 @@ from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import build_slices
 from tests.polling import wait_for
 
+# a DGX H100's pool, partitionable on 1.37: the counter sets, the whole GPUs, each GPU's partitions
+DGX_H100_SLICES = 10
+
 
 def api_client(kubeconfig: Path) -> Any:
     from kubernetes import config
@@ -93,7 +96,7 @@ def node_publisher(control_plane, tmp_path: Path) -> Iterator[Callable[..., tupl
 
 def test_initial_publish(control_plane, node_publisher) -> None:
     pub, _ = node_publisher("pub-initial")
-    wait_for("pool published", lambda: pool_complete(control_plane, "pub-initial", 9, 1))
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-initial", DGX_H100_SLICES, 1))
     items = pool(control_plane, "pub-initial")
     assert sum(len(o["spec"].get("devices") or []) for o in items) == 208
     node_uid = control_plane.kubectl_json("get", "node", "pub-initial")["metadata"]["uid"]
@@ -108,7 +111,7 @@ def test_initial_publish(control_plane, node_publisher) -> None:
 def test_stop_interrupts_the_watch(control_plane, node_publisher) -> None:
     """stop() must not sit out the watch's 30 s server timeout: the kubelet's grace period is as long."""
     pub, _ = node_publisher("pub-stop")
-    wait_for("pool published", lambda: pool_complete(control_plane, "pub-stop", 9, 1))
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-stop", DGX_H100_SLICES, 1))
     time.sleep(1)  # the watch is established and idle: nothing will arrive on it for 30 s
     began = time.monotonic()
     pub.stop()
@@ -123,23 +126,23 @@ def test_each_watch_window_resumes_where_the_last_ended(control_plane, node_publ
     monkeypatch.setattr(publisher_module, "WATCH_SECONDS", 1)
     monkeypatch.setattr(publisher_module, "RESYNC_WINDOWS", 1000)
     pub, _ = node_publisher("pub-resume")
-    wait_for("pool published", lambda: pool_complete(control_plane, "pub-resume", 9, 1))
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-resume", DGX_H100_SLICES, 1))
     time.sleep(1.5)  # the first window (from the current state) has ended
     syncs = pub.stats.syncs
     time.sleep(4)  # four more windows of one second
     assert pub.stats.syncs == syncs, "a watch window that resumed replayed the pool"
     name = pool(control_plane, "pub-resume")[0]["metadata"]["name"]
     control_plane.delete("resourceslice", name, missing_ok=False, wait=120)
-    wait_for("slice restored", lambda: pool_complete(control_plane, "pub-resume", 9))
+    wait_for("slice restored", lambda: pool_complete(control_plane, "pub-resume", DGX_H100_SLICES))
     assert pub.stats.syncs > syncs
 
 
 def test_device_change_bumps_the_generation(control_plane, node_publisher) -> None:
     pub, desired = node_publisher("pub-change")
-    wait_for("pool published", lambda: pool_complete(control_plane, "pub-change", 9, 1))
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-change", DGX_H100_SLICES, 1))
     desired.taints = {"gpu-3": [DeviceTaint(key="gpu.dra-driver.dev/xid", value="79", effect="NoExecute")]}
     pub.trigger()
-    wait_for("generation 2", lambda: pool_complete(control_plane, "pub-change", 9, 2))
+    wait_for("generation 2", lambda: pool_complete(control_plane, "pub-change", DGX_H100_SLICES, 2))
     gpu3 = [
         d for o in pool(control_plane, "pub-change") for d in o["spec"].get("devices") or [] if d["name"] == "gpu-3"
     ]
@@ -148,10 +151,10 @@ def test_device_change_bumps_the_generation(control_plane, node_publisher) -> No
 
 def test_slices_deleted_behind_its_back_are_restored(control_plane, node_publisher) -> None:
     _pub, _ = node_publisher("pub-repair")
-    wait_for("pool published", lambda: pool_complete(control_plane, "pub-repair", 9, 1))
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-repair", DGX_H100_SLICES, 1))
     # what the kubelet does when it restarts: delete every slice of the node
     control_plane.delete("resourceslices", wait=120, field_selector="spec.nodeName=pub-repair")
-    wait_for("pool restored", lambda: pool_complete(control_plane, "pub-repair", 9))
+    wait_for("pool restored", lambda: pool_complete(control_plane, "pub-repair", DGX_H100_SLICES))
     victim = pool(control_plane, "pub-repair")[3]["metadata"]["name"]
     control_plane.kubectl(
         "patch", "resourceslice", victim, "--type=json", "-p", '[{"op": "remove", "path": "/spec/devices/0"}]'
@@ -159,7 +162,7 @@ def test_slices_deleted_behind_its_back_are_restored(control_plane, node_publish
     wait_for(
         "edit repaired",
         lambda: (
-            pool_complete(control_plane, "pub-repair", 9)
+            pool_complete(control_plane, "pub-repair", DGX_H100_SLICES)
             and sum(len(o["spec"].get("devices") or []) for o in pool(control_plane, "pub-repair")) == 208
         ),
     )
@@ -171,7 +174,7 @@ def test_a_pool_changed_between_list_and_write_is_routine_a_few_times_in_a_row_t
     """A kubelet that restarts wipes the node's slices, maybe between the publisher's list and its writes: the
     write gets 404, the next pass lists again. That is logged at INFO a few times in a row; more is a WARNING."""
     pub, desired = node_publisher("pub-race")
-    wait_for("pool published", lambda: pool_complete(control_plane, "pub-race", 9, 1))
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-race", DGX_H100_SLICES, 1))
     listed = Publisher._list
     races = [0]
     budget = [0]
@@ -202,14 +205,17 @@ def test_a_pool_changed_between_list_and_write_is_routine_a_few_times_in_a_row_t
     change.append({"gpu-3": [DeviceTaint(key="gpu.dra-driver.dev/xid", value="79", effect="NoExecute")]})
     budget[0] = 1
     pub.trigger()
-    wait_for("pool republished after the race", lambda: races[0] == 1 and pool_complete(control_plane, "pub-race", 9))
+    wait_for(
+        "pool republished after the race",
+        lambda: races[0] == 1 and pool_complete(control_plane, "pub-race", DGX_H100_SLICES),
+    )
     assert len(failures(logging.INFO)) == 1 and "Not Found" in failures(logging.INFO)[0]
     assert failures(logging.WARNING) == []
     change.append({})
     budget[0] = 2 + publisher_module.QUIET_RACES  # one more than is routine, in a row
     pub.trigger()
     wait_for("pool republished after more in a row", lambda: races[0] == budget[0]
-             and pool_complete(control_plane, "pub-race", 9))  # fmt: skip
+             and pool_complete(control_plane, "pub-race", DGX_H100_SLICES))  # fmt: skip
     assert len(failures(logging.INFO)) == 1 + publisher_module.QUIET_RACES and len(failures(logging.WARNING)) == 1
 
 
@@ -217,7 +223,8 @@ def test_two_publishers_two_nodes(control_plane, node_publisher) -> None:
     node_publisher("pub-a", "dgx-h100")
     node_publisher("pub-b", "dgx-a100")
     wait_for(
-        "both pools", lambda: pool_complete(control_plane, "pub-a", 9) and pool_complete(control_plane, "pub-b", 1)
+        "both pools",
+        lambda: pool_complete(control_plane, "pub-a", DGX_H100_SLICES) and pool_complete(control_plane, "pub-b", 1),
     )
     assert {o["spec"]["nodeName"] for o in pool(control_plane, "pub-a")} == {"pub-a"}
     assert len(pool(control_plane, "pub-b")[0]["spec"]["devices"]) == 8  # A100s with MIG off: whole GPUs
@@ -225,7 +232,7 @@ def test_two_publishers_two_nodes(control_plane, node_publisher) -> None:
 
 def test_api_server_stopped_and_restarted_mid_publish(control_plane, node_publisher) -> None:
     pub, desired = node_publisher("pub-outage")
-    wait_for("pool published", lambda: pool_complete(control_plane, "pub-outage", 9, 1))
+    wait_for("pool published", lambda: pool_complete(control_plane, "pub-outage", DGX_H100_SLICES, 1))
     control_plane.stop_apiserver()
     try:
         desired.taints = {"gpu-5": [DeviceTaint(key="gpu.dra-driver.dev/lost", effect="NoExecute")]}
@@ -234,6 +241,10 @@ def test_api_server_stopped_and_restarted_mid_publish(control_plane, node_publis
         assert not pub.in_sync.is_set() and pub.last_error
     finally:
         control_plane.start_apiserver()
-    wait_for("republished after the outage", lambda: pool_complete(control_plane, "pub-outage", 9, 2), timeout=90)
+    wait_for(
+        "republished after the outage",
+        lambda: pool_complete(control_plane, "pub-outage", DGX_H100_SLICES, 2),
+        timeout=90,
+    )
     tainted = [d for o in pool(control_plane, "pub-outage") for d in o["spec"].get("devices") or [] if d.get("taints")]
     assert [d["name"] for d in tainted] == ["gpu-5"]

@@ -91,7 +91,7 @@ def test_service_account_publishes_only_its_own_node(control_plane, tmp_path: Pa
         api, node_name="rbac-a", driver=DEFAULT_DRIVER_NAME, desired=Desired("dgx-h100", "rbac-a", tmp_path / "a")
     )
     assert own.sync_once() is True  # allowed: its own node's pool
-    assert len(cp.kubectl_json("get", "resourceslices", "--field-selector", "spec.nodeName=rbac-a")["items"]) == 9
+    assert len(cp.kubectl_json("get", "resourceslices", "--field-selector", "spec.nodeName=rbac-a")["items"]) == 10
     other = Publisher(
         api, node_name="rbac-b", driver=DEFAULT_DRIVER_NAME, desired=Desired("dgx-h100", "rbac-b", tmp_path / "b")
     )

@@ -131,7 +131,7 @@ def test_up_real_node_runs_the_demo_and_cleans_up(up: Up) -> None:
     )
     assert slices.returncode == 0, slices.stderr
     rows = [line.split() for line in slices.stdout.splitlines()]
-    assert len(rows) == 9, slices.stdout  # a DGX H100, partitionable: 8 GPUs' devices + the counter sets (1.36)
+    assert len(rows) == 10, slices.stdout  # a DGX H100, partitionable: counter sets, whole GPUs, 8 GPUs' partitions
     assert {(r[1], r[2], r[3]) for r in rows} == {("dra-node", DRIVER_NAME, "dra-node")}, slices.stdout
     released = subprocess.run([str(helm), "list", "-A"], env=env, capture_output=True, text=True, timeout=60)
     assert "dra-driver" in released.stdout and "deployed" in released.stdout, released.stdout + released.stderr

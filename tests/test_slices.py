@@ -46,12 +46,27 @@ def test_dgx_h200_fits_the_limits(sim_factory, version: str) -> None:
         assert len(slices) == 8  # one slice per GPU with its counter set and devices
         assert all(s.spec.shared_counters and s.spec.devices for s in slices)
     else:
-        assert len(slices) == 9  # counter sets alone, then one slice per GPU
+        assert len(slices) == 10  # counter sets alone, then the whole GPUs, then one slice per GPU's partitions
         assert slices[0].spec.devices is None and len(slices[0].spec.shared_counters or []) == 8
         assert all(s.spec.shared_counters is None for s in slices[1:])
+        assert [d.name for d in slices[1].spec.devices or []] == [f"gpu-{i}" for i in range(8)]
+        for i, s in enumerate(slices[2:]):
+            assert {d.name.split("-mig-")[0] for d in s.spec.devices or []} == {f"gpu-{i}"}
     assert {s.spec.pool.resource_slice_count for s in slices} == {len(slices)}
     assert {s.spec.pool.name for s in slices} == {"node-a"}
     assert len({s.metadata.name for s in slices}) == len(slices)
+
+
+@pytest.mark.parametrize("machine", ["dgx-h100", "mixed", "dgx-b200", "gb200-nvl72-tray"])
+def test_slice_names_sort_as_the_devices_should_be_tried(sim_factory, machine: str) -> None:
+    """1.36's allocator tries a node's slices in name order: the counter sets, then every whole GPU, then the
+    partitions (a whole-GPU claim meets no partition of a GPU in use before a free GPU), however many slices."""
+    slices = build_slices(_inventory(sim_factory, machine), node_name="n", k8s_version="1.37")
+    tried = [d for s in sorted(slices, key=lambda s: s.metadata.name) for d in s.spec.devices or []]
+    assert tried == [d for s in slices for d in s.spec.devices or []]  # the name order is the built order
+    kinds = [d.attributes["type"].string for d in tried]
+    assert kinds == sorted(kinds, key=lambda k: k != "gpu"), kinds  # whole GPUs first
+    assert len({len(s.metadata.name) for s in slices}) == 1  # indices as wide as the last
 
 
 def test_output_is_deterministic_across_processes_and_state_dirs(sim_factory) -> None:
@@ -298,7 +313,7 @@ def test_past_the_134_device_limit_is_a_clear_error() -> None:
     with pytest.raises(SliceLimitError, match=r"GPU 0: 134 devices .* Kubernetes 1\.34 slice holds at most 128"):
         build_slices(inv, node_name="n", k8s_version="1.34")
     slices = build_slices(inv, node_name="n", k8s_version="1.35")  # 1.35+ splits them over slices of 64
-    assert [len(s.spec.devices or []) for s in slices] == [0, 64, 64, 6]
+    assert [len(s.spec.devices or []) for s in slices] == [0, 1, 64, 64, 5]  # the whole GPU, then its partitions
 
 
 def test_more_than_eight_gpus_need_two_counter_slices_from_135() -> None:
@@ -307,7 +322,9 @@ def test_more_than_eight_gpus_need_two_counter_slices_from_135() -> None:
     )
     slices = build_slices(inv, node_name="n", k8s_version="1.36")
     assert [len(s.spec.shared_counters or []) for s in slices[:2]] == [8, 2]
-    assert len(slices) == 12
+    assert len(slices) == 13  # then one of the ten whole GPUs, then each GPU's partitions
+    assert [s.metadata.name for s in slices][-2:] == ["n-gpu.dra-driver.dev-11", "n-gpu.dra-driver.dev-12"]
+    assert slices[2].metadata.name == "n-gpu.dra-driver.dev-02"  # names sort as the slices are laid out
 
 
 def test_taint_limits_differ_by_version(sim_factory) -> None:
@@ -383,7 +400,7 @@ def test_partitionable_mode_on_a_mixed_node(sim_factory) -> None:
 
 def test_placements_offered_high_first(sim_factory) -> None:
     slices = build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n", k8s_version="1.35")
-    order = [d.name for d in slices[1].spec.devices or [] if "-mig-1g10gb-19-" in d.name]
+    order = [d.name for d in slices[2].spec.devices or [] if "-mig-1g10gb-19-" in d.name]
     assert order == [f"gpu-0-mig-1g10gb-19-{s}" for s in (6, 5, 4, 3, 2, 1, 0)]
 
 

@@ -93,6 +93,23 @@ def _deleted(answer: Mapping[str, Any]) -> tuple[str, str] | None:
     return answer["metadata"]["name"], answer["metadata"]["uid"]
 
 
+@dataclass(frozen=True)
+class ClientLimits:
+    """A Kubernetes client's own rate limiter (client-go's token bucket): requests per second, and the burst above
+    it. kube-scheduler's are its KubeSchedulerConfiguration's `clientConnection.qps` and `.burst`."""
+
+    qps: float
+    burst: int
+
+    def __str__(self) -> str:
+        return f"QPS {self.qps:g}, burst {self.burst}"
+
+
+# kube-scheduler's defaults (KubeSchedulerConfiguration v1, pkg/scheduler/apis/config/v1/defaults.go): what a
+# scheduler deployed as it comes runs with, and what a ControlPlane's runs with unless told otherwise.
+SCHEDULER_DEFAULT_CLIENT = ClientLimits(qps=50, burst=100)
+
+
 class ControlPlaneError(RuntimeError):
     """A component failed to build, start or become ready."""
 
@@ -308,8 +325,10 @@ class ControlPlane:
         start_timeout: float = 120.0,
         service_accounts: bool = False,
         version: str | None = None,
+        scheduler_client: ClientLimits | None = None,
     ) -> None:
         self.version = version  # None: the primary version; else one of matrix_versions()
+        self.scheduler_client = scheduler_client  # None: kube-scheduler's defaults (SCHEDULER_DEFAULT_CLIENT)
         self._bin_dir = bin_dir
         self._requested_work_dir = work_dir
         gates, apis = (DEFAULT_FEATURE_GATES, DEFAULT_RUNTIME_CONFIG) if version is None else ({}, {})
@@ -570,6 +589,13 @@ class ControlPlane:
             raise KubectlError(1, ["kubectl", "logs", "-n", namespace, name], "", str(log))
         return str(log) if status == 200 else ""
 
+    def get_text(self, path: str) -> str:
+        """The API server's answer to a GET of `path` (e.g. /metrics) as text."""
+        status, text = self._api().request(path, text=True)
+        if status != 200:
+            raise KubectlError(1, ["GET", path], "", str(text))
+        return str(text)
+
     def _client_ssl(self) -> ssl.SSLContext:
         if self._ssl is None:
             raise ControlPlaneError("the control plane is not started")
@@ -649,11 +675,15 @@ class ControlPlane:
         comp.process.kill()
         comp.process.wait(timeout=10)
 
-    @contextlib.contextmanager
-    def apiserver_paused(self) -> Iterator[None]:
+    def apiserver_paused(self) -> contextlib.AbstractContextManager[None]:
         """kube-apiserver stopped with SIGSTOP (it still accepts connections, the kernel does that, and answers
         nothing), continued on exit."""
-        process = self._component("kube-apiserver").process
+        return self.paused("kube-apiserver")
+
+    @contextlib.contextmanager
+    def paused(self, name: str) -> Iterator[None]:
+        """Component `name` stopped with SIGSTOP, continued (SIGCONT) on exit."""
+        process = self._component(name).process
         process.send_signal(signal.SIGSTOP)
         try:
             yield
@@ -777,7 +807,14 @@ class ControlPlane:
                 {
                     "apiVersion": "kubescheduler.config.k8s.io/v1",
                     "kind": "KubeSchedulerConfiguration",
-                    "clientConnection": {"kubeconfig": kubeconfig},
+                    "clientConnection": {
+                        "kubeconfig": kubeconfig,
+                        **(
+                            {"qps": self.scheduler_client.qps, "burst": self.scheduler_client.burst}
+                            if self.scheduler_client
+                            else {}
+                        ),
+                    },
                     "leaderElection": {"leaderElect": False},
                 },
                 indent=2,

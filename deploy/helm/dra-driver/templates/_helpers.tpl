@@ -45,17 +45,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.k8sVersion | default .Capabilities.KubeVersion.Version -}}
 {{- end -}}
 
-{{/* The publish mode: `mode`, else partitionable (MIG on demand) from Kubernetes 1.37, where it costs the scheduler
-what whole GPUs cost, and static before, where its cost grows with every partitionable node (docs/resourceslices.md;
-bench/bench_scheduler.py); static is also the daemon's own default (dra_driver.slices.devices.DEFAULT_MODE). */}}
+{{/* The publish mode: `mode`, else static on every Kubernetes version, as the daemon's own default
+(dra_driver.slices.devices.DEFAULT_MODE): partitionable devices (MIG on demand) cost kube-scheduler several times what
+whole GPUs cost on 1.37 too, more as the cluster fills, and before 1.37 more with every node that publishes them
+(docs/resourceslices.md; bench/bench_scheduler.py). MIG on demand belongs on a labelled node group (nodeConfigs). */}}
 {{- define "dra-driver.mode" -}}
-{{- if .Values.mode -}}
-{{- .Values.mode -}}
-{{- else if semverCompare ">=1.37.0-0" (include "dra-driver.kubeVersion" .) -}}
-partitionable
-{{- else -}}
-static
-{{- end -}}
+{{- .Values.mode | default "static" -}}
 {{- end -}}
 
 {{/* Fails the render on values the plugin would reject. */}}
