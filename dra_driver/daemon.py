@@ -218,6 +218,7 @@ def _run_served(
             k8s_version=version,
             mode=driver.settings.mode,  # the node configuration's, once one is applied
             replicas=selection.config.replicas if selection is not None else options.replicas,
+            mig_profiles=driver.settings.mig_profiles,  # as the mode: the node configuration's, once applied
             numa_form=options.numa_form,
             taints=device_taints(),
             generation=generation,
@@ -281,12 +282,16 @@ def _node_configurator(
     def switch(config: NodeConfig) -> list[str]:
         assert configurator is not None
         shared_changes = config.replicas != configurator.current.config.replicas
-        blockers = driver.reconfigure(config.mode, shared_changes=shared_changes, call=CallContext.within(30))
+        blockers = driver.reconfigure(
+            config.mode, shared_changes=shared_changes, mig_profiles=config.mig_profiles, call=CallContext.within(30)
+        )
         if not blockers:  # new MPS claims only: a running control daemon keeps the settings it started with
             driver.sharing.mps_defaults = config.mps
         return blockers
 
-    default = NodeConfig(mode=options.settings.mode, replicas=options.replicas)
+    default = NodeConfig(
+        mode=options.settings.mode, replicas=options.replicas, mig_profiles=options.settings.mig_profiles
+    )
     post = node_event_poster(api, options.settings.pool, options.settings.driver)
     configurator = NodeConfigurator(load_configs(options.node_configs), default, switch, republish, post)
     return configurator

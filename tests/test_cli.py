@@ -64,6 +64,20 @@ def test_the_default_mode_publishes_whole_gpus_and_existing_mig_devices(tmp_path
     assert not any(s["spec"].get("sharedCounters") for s in items)
 
 
+def test_mig_profiles_limit_the_partitions_published(tmp_path: Path) -> None:
+    out = _run("inventory", "--sim", "dgx-h100", "--mode", "partitionable", "--mig-profiles", "1g.10gb,3g.40gb",
+               "--k8s-version", "1.37", "-o", "json", tmp_path=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    devices = [d for s in json.loads(out.stdout)["items"] for d in s["spec"].get("devices") or []]
+    assert len(devices) == 80
+    assert {d["attributes"]["profile"]["string"] for d in devices if "profile" in d["attributes"]} == {
+        "1g.10gb", "3g.40gb"}  # fmt: skip
+    bad = _run("inventory", "--sim", "dgx-h100", "--mig-profiles", "1g", tmp_path=tmp_path)
+    assert bad.returncode == 2 and "invalid MIG profile name '1g'" in bad.stderr
+    static = _run("inventory", "--sim", "dgx-h100", "--mig-profiles", "1g.10gb", tmp_path=tmp_path)
+    assert static.returncode == 1 and "migProfiles apply to mode partitionable only, not static" in static.stderr
+
+
 def test_table_and_sim_list(tmp_path: Path) -> None:
     out = _run("inventory", "--sim", "mixed", "--mode", "partitionable", "-o", "table", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr

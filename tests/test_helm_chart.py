@@ -360,10 +360,20 @@ def test_the_charts_default_mode_is_static_on_every_version(helm: Helm, version:
     assert "--mode=gpus" in _plugin(_render(helm, "--kube-version", version, "--set", "mode=gpus"))["c"]["args"]
 
 
+def test_mig_profiles_reach_the_daemon(helm: Helm) -> None:
+    """`migProfiles` (partitionable only) becomes --mig-profiles; none by default."""
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["migProfiles"] == []
+    assert not [a for a in _plugin(_render(helm, "--set", "mode=partitionable"))["c"]["args"] if "mig-profiles" in a]
+    args = _plugin(_render(helm, "--set", "mode=partitionable", "--set-json", 'migProfiles=["1g.10gb","3g.40gb"]'))
+    assert "--mig-profiles=1g.10gb,3g.40gb" in args["c"]["args"]
+
+
 def test_bad_values_fail_the_render(helm: Helm) -> None:
     for values, message in (
         (("--set", "nvml.backend=fake"), "nvml.backend must be real or simulator"),
         (("--set", "mode=all"), "mode must be partitionable, static, gpus or shared"),
+        (("--set-json", 'migProfiles=["1g.10gb"]'), "migProfiles apply to mode partitionable only, not static"),
+        (("--set", "mode=partitionable", "--set-json", 'migProfiles=["1g"]'), 'migProfiles: "1g" is not a MIG'),
         (("--set", "driverName=GPU_Driver"), "driverName must be a DNS subdomain"),
         (("--kube-version", "1.33.0"), "kubeVersion"),
         (("--set", "replicas=4"), "replicas apply to mode shared only, not static"),

@@ -39,12 +39,17 @@ def test_configurations_load_and_bad_ones_are_named(tmp_path: Path) -> None:
                                 "mig": {"mode": "partitionable"}}))  # fmt: skip
     configs = load_configs(path)
     assert configs["any"].replicas == 0 and configs["mig"].replicas is None
+    path.write_text(json.dumps({"small-mig": {"mode": "partitionable", "migProfiles": ["1g.10gb", "3g.40gb"]}}))
+    assert load_configs(path)["small-mig"].mig_profiles == frozenset({"1g.10gb", "3g.40gb"})
     for body, words in (
         ({"x": {"mode": "static", "replicas": 4}}, "'x'.*replicas apply to mode shared only"),
         ({"x": {"mode": "everything"}}, "'x'.*mode"),
         ({"x": {"mode": "shared", "replicas": 0}}, "'x'.*replicas must be 1 or more, or 'unlimited'"),
         ({"x": {"mode": "shared", "replicas": 4.5}}, "'x'.*not a number of replicas"),
         ({"x": {"mode": "static", "colour": "red"}}, "'x'.*colour"),
+        ({"x": {"mode": "static", "migProfiles": ["1g.10gb"]}}, "'x'.*migProfiles apply to mode partitionable only"),
+        ({"x": {"mode": "partitionable", "migProfiles": ["1g"]}}, "'x'.*invalid MIG profile name '1g'"),
+        ({"x": {"mode": "partitionable", "migProfiles": 7}}, "'x'.*a list of MIG profile names"),
         ({DEFAULT_NAME: {"mode": "static"}}, "daemon's own flags"),
         ({"two words": {"mode": "static"}}, "not a label value"),
         (["static"], "an object of named configurations"),

@@ -16,6 +16,7 @@ from dra_driver.plugin import driver as driver_module
 from dra_driver.plugin import machine
 from dra_driver.plugin.failures import FailureKind
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
+from dra_driver.slices.devices import PublishMode
 from tests.plugin_helpers import DRIVER, Node, claim, ref
 
 CONFIG_API = "gpu.resource.dra-driver.dev/v1alpha1"
@@ -629,3 +630,26 @@ def test_a_device_rediscovered_between_its_check_and_the_lock_is_retried(node: N
     assert "device gpu-1 changed while the claim was being prepared; retry" in result.error
     assert result.failure is not None and result.failure.kind is FailureKind.DEVICE_UNKNOWN
     assert result.failure.retryable and node.cdi_files() == []
+
+
+def test_a_partition_of_a_profile_left_out_is_unknown_and_a_change_that_leaves_out_a_carved_one_waits(
+    node: Node,
+) -> None:
+    """With an allowlist of MIG profiles the node neither publishes nor prepares another profile's partitions; a
+    reconfiguration whose list leaves out a partition a claim holds is refused until that claim is gone."""
+    d = node.driver(mig_profiles=frozenset({"1g.10gb", "3g.40gb"}))
+    other = claim(["gpu-1-mig-2g20gb-14-0"], device_class="mig")
+    node.add(other)
+    result = d.prepare([ref(other)])[other["metadata"]["uid"]]
+    assert result.failure is not None and result.failure.kind is FailureKind.DEVICE_UNKNOWN, result
+    assert node.mig_instances() == [] and node.cdi_files() == []
+    held = claim(["gpu-2-mig-3g40gb-9-4"], device_class="mig")
+    node.add(held)
+    assert d.prepare([ref(held)])[held["metadata"]["uid"]].error == ""
+    blockers = d.reconfigure(PublishMode.PARTITIONABLE, shared_changes=False, mig_profiles=frozenset({"1g.10gb"}))
+    assert blockers == [f"{held['metadata']['namespace']}/{held['metadata']['name']}: gpu-2-mig-3g40gb-9-4"]
+    assert d.settings.mig_profiles == frozenset({"1g.10gb", "3g.40gb"})  # nothing changed
+    assert d.reconfigure(PublishMode.PARTITIONABLE, shared_changes=False, mig_profiles=None) == []  # a wider list
+    assert d.settings.mig_profiles is None and "gpu-1-mig-2g20gb-14-0" in d.catalog
+    assert d.unprepare([ref(held)]) == {held["metadata"]["uid"]: None}
+    assert node.mig_instances() == []

@@ -463,3 +463,21 @@ def test_gpus_in_an_nvlink_fabric_carry_its_cluster_and_clique(sim_factory, tmp_
         assert d.attributes["nvlinkClique"].string == "a3c53a39-8c2f-4a3e-9d57-000000000072.3"
     h100 = _devices(build_slices(_inventory(sim_factory, "dgx-h100"), node_name="n"))
     assert not any("nvlinkClique" in d.attributes for d in h100)  # NOT_SUPPORTED off a fabric: nothing published
+
+
+def test_an_allowlist_of_mig_profiles_publishes_only_their_partitions(sim_factory) -> None:
+    """A DGX H100 with whole GPUs, 1g.10gb and 3g.40gb: 8 + 8 x (7 + 2) devices instead of 208; each GPU's counter
+    set is the same as with every profile (it describes the GPU), and the order is the same."""
+    inv = _inventory(sim_factory, "dgx-h100")
+    every = build_slices(inv, node_name="n", k8s_version="1.37")
+    some = build_slices(inv, node_name="n", k8s_version="1.37", mig_profiles=frozenset({"1g.10gb", "3g.40gb"}))
+    kept = _devices(some)
+    assert len(_devices(every)) == 208 and len(kept) == 80
+    assert {d.attributes["profile"].string for d in kept if "profile" in d.attributes} == {"1g.10gb", "3g.40gb"}
+    assert [d.name for d in kept] == [d.name for d in _devices(every) if d in kept]
+    assert [s.spec.shared_counters for s in some if s.spec.shared_counters] == [
+        s.spec.shared_counters for s in every if s.spec.shared_counters
+    ]
+    assert len(_devices(build_slices(inv, node_name="n", k8s_version="1.37", mig_profiles=frozenset()))) == 8
+    with pytest.raises(ValueError, match="migProfiles apply to mode partitionable only, not static"):
+        build_slices(inv, node_name="n", k8s_version="1.37", mode=PublishMode.STATIC, mig_profiles=frozenset({"x"}))

@@ -20,12 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dra_driver.claimstate.config import MpsConfig
 from dra_driver.kube import listwatch
 from dra_driver.kube.rest import KubeRest, path_of
-from dra_driver.slices.devices import UNLIMITED_REPLICAS, PublishMode, check_replicas, parse_replicas
+from dra_driver.slices.devices import (
+    UNLIMITED_REPLICAS,
+    PublishMode,
+    check_mig_profiles,
+    check_replicas,
+    parse_mig_profiles,
+    parse_replicas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +46,13 @@ _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 class NodeConfig(BaseModel):
     """What one named configuration sets."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     mode: PublishMode
     replicas: int | None = None  # shared mode: None by memory, 0 unlimited, N claims per GPU
+    # partitionable mode: the MIG profiles published, e.g. ["1g.10gb", "3g.40gb"] (None: every one); fewer devices
+    # cost the scheduler less on every node it tries (docs/resourceslices.md)
+    mig_profiles: frozenset[str] | None = Field(default=None, alias="migProfiles")
     # what an MPS claim's config leaves out (its defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit)
     mps: MpsConfig | None = None
 
@@ -51,14 +61,23 @@ class NodeConfig(BaseModel):
     def _words(cls, value: Any) -> Any:
         return None if value is None or value == "" else parse_replicas(value)
 
+    @field_validator("mig_profiles", mode="before")
+    @classmethod
+    def _profiles(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | list | tuple | frozenset | set):
+            raise ValueError("a list of MIG profile names expected")
+        return parse_mig_profiles(sorted(value) if isinstance(value, frozenset | set) else value)
+
     @model_validator(mode="after")
     def _fits(self) -> NodeConfig:
         check_replicas(self.replicas, self.mode)
+        check_mig_profiles(self.mig_profiles, self.mode)
         return self
 
 
 def load_configs(path: Path) -> dict[str, NodeConfig]:
-    """`{name: {mode, replicas}}` from a JSON file (the chart's ConfigMap); ValueError naming what is wrong."""
+    """`{name: {mode, replicas, migProfiles, mps}}` from a JSON file (the chart's ConfigMap); ValueError naming what
+    is wrong."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -159,6 +178,8 @@ def _describe(config: NodeConfig) -> str:
     parts = [f"mode {config.mode.value}"]
     if config.replicas is not None:
         parts.append(f"replicas {'unlimited' if config.replicas == UNLIMITED_REPLICAS else config.replicas}")
+    if config.mig_profiles is not None:
+        parts.append(f"MIG profiles {', '.join(sorted(config.mig_profiles))}")
     if config.mps is not None:
         parts.append(f"MPS defaults {config.mps.model_dump_json(by_alias=True, exclude_none=True)}")
     return ", ".join(parts)

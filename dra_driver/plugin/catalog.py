@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from dra_driver.api.slice import Device
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
-from dra_driver.slices.devices import PublishMode, gpu_devices
+from dra_driver.slices.devices import MigProfiles, PublishMode, gpu_devices
 from dra_driver.slices.naming import MigRef, parse_device_name
 
 if TYPE_CHECKING:
@@ -54,10 +54,10 @@ class CatalogEntry:
         return set(range(self.placement_start, self.placement_start + self.profile.memory_slices))
 
 
-def build_catalog(inventory: Inventory, mode: PublishMode) -> dict[str, CatalogEntry]:
+def build_catalog(inventory: Inventory, mode: PublishMode, mig_profiles: MigProfiles = None) -> dict[str, CatalogEntry]:
     catalog: dict[str, CatalogEntry] = {}
     for gpu in inventory.gpus:
-        for device in gpu_devices(inventory, gpu, mode).devices:
+        for device in gpu_devices(inventory, gpu, mode, mig_profiles=mig_profiles).devices:
             ref = parse_device_name(device.name)
             if isinstance(ref, MigRef):
                 catalog[device.name] = CatalogEntry.of(device, gpu, gpu.profile(ref.profile_id), ref.placement_start)

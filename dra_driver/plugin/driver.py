@@ -62,7 +62,7 @@ from dra_driver.sharing import (
 )
 from dra_driver.sharing.mps_launch import MpsLauncher
 from dra_driver.sharing.tmpfs import ShmMounter
-from dra_driver.slices.devices import DEFAULT_MODE, PublishMode
+from dra_driver.slices.devices import DEFAULT_MODE, MigProfiles, PublishMode
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class PluginSettings:
     plugin_dir: Path
     cdi_root: Path
     mode: PublishMode = DEFAULT_MODE
+    mig_profiles: MigProfiles = None  # partitionable: the MIG profiles published and prepared (None: every one)
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(features.DEFAULTS))
     # NVIDIA's `nvidia-cdi-hook` (or `nvidia-ctk`) on the host: CDI specs then carry its update-ldcache and
     # create-symlinks hooks instead of a bind mount per library link (cdi.driverfiles.common_edits)
@@ -125,7 +126,7 @@ class Driver:
         self.claims = claims
         self.proc_root = proc_root
         self.inventory = discover(lib, sysfs_root)
-        self.catalog = build_catalog(self.inventory, settings.mode)
+        self.catalog = build_catalog(self.inventory, settings.mode, settings.mig_profiles)
         self.driver_root = driver_root
         self.host_driver_root = host_driver_root or driver_root
         self.driver_edits = self._driver_edits(self.inventory)
@@ -180,7 +181,7 @@ class Driver:
     def refresh_inventory(self, inventory: Inventory) -> bool:
         """Adopt a new discovery; True when the devices this node publishes changed (MIG instances that the
         driver itself carves do not count: they are not published)."""
-        catalog = build_catalog(inventory, self.settings.mode)
+        catalog = build_catalog(inventory, self.settings.mode, self.settings.mig_profiles)
         # a driver upgrade under a running plugin: the next claims get the new version's files
         edits = self._driver_edits(inventory) if inventory.driver_version != self.inventory.driver_version else None
         with self._thread_lock:
@@ -192,12 +193,19 @@ class Driver:
                 self.driver_edits = edits
         return changed
 
-    def reconfigure(self, mode: PublishMode, *, shared_changes: bool, call: CallContext = NO_DEADLINE) -> list[str]:
-        """Serve `mode` from now on, unless a prepared claim holds a device that `mode` would not publish the same
-        way: gone, held alone where it was shared or the other way round, a MIG partition the driver carved, or
-        (`shared_changes`) any shared device, whose sharing terms change. Returns those claims, as
-        `namespace/name: device`; nothing changed then."""
-        catalog = build_catalog(self.inventory, mode)
+    def reconfigure(
+        self,
+        mode: PublishMode,
+        *,
+        shared_changes: bool,
+        mig_profiles: MigProfiles = None,
+        call: CallContext = NO_DEADLINE,
+    ) -> list[str]:
+        """Serve `mode` (with `mig_profiles`) from now on, unless a prepared claim holds a device that it would not
+        publish the same way: gone (a profile left out too), held alone where it was shared or the other way round,
+        a MIG partition the driver carved where the mode changes, or (`shared_changes`) any shared device, whose
+        sharing terms change. Returns those claims, as `namespace/name: device`; nothing changed then."""
+        catalog = build_catalog(self.inventory, mode, mig_profiles)
         with self._locked(call):
             blockers = []
             for entry in self.checkpoint.claims.values():
@@ -214,7 +222,7 @@ class Driver:
                     ):
                         blockers.append(f"{entry.namespace}/{entry.name}: {d.device}")
             if not blockers:
-                self.settings = replace(self.settings, mode=mode)
+                self.settings = replace(self.settings, mode=mode, mig_profiles=mig_profiles)
                 self.catalog = catalog
         return blockers
 

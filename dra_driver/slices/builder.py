@@ -11,8 +11,10 @@ from dra_driver.nvml.inventory import Inventory
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.devices import (
     GpuDevices,
+    MigProfiles,
     NumaNodeForm,
     PublishMode,
+    check_mig_profiles,
     check_replicas,
     gpu_devices,
     publish_attributes,
@@ -93,6 +95,7 @@ def build_slices(
     k8s_version: str | int = "1.35",
     mode: PublishMode = PublishMode.PARTITIONABLE,  # the full layout; the daemon's default is DEFAULT_MODE
     replicas: int | None = None,  # shared mode: None by memory, 0 unlimited, N claims per GPU (check_replicas)
+    mig_profiles: MigProfiles = None,  # partitionable mode: the MIG profiles published (None: every one)
     numa_form: NumaNodeForm = NumaNodeForm.SCALAR,
     taints: Mapping[str, list[DeviceTaint]] | None = None,
     generation: int = 1,
@@ -107,13 +110,14 @@ def build_slices(
     """
     limits = limits_for(k8s_version)
     check_replicas(replicas, mode)
+    check_mig_profiles(mig_profiles, mode)
     if mode is PublishMode.SHARED and limits.minor < CONSUMABLE_CAPACITY_BETA:
         # Before 1.36 DRAConsumableCapacity is alpha: an API server without the gate drops allowMultipleAllocations
         # and the request policy, and the GPUs would be handed out whole.
         log.warning("shared mode needs the DRAConsumableCapacity feature gate on Kubernetes 1.%d", limits.minor)
     check_numa_form(numa_form, limits.minor)
     gpus = sorted(inventory.gpus, key=lambda g: g.minor)
-    groups = [gpu_devices(inventory, gpu, mode, replicas) for gpu in gpus]
+    groups = [gpu_devices(inventory, gpu, mode, replicas, mig_profiles) for gpu in gpus]
     for gpu, group in zip(gpus, groups, strict=True):
         publish_attributes(group.devices, gpu, limits.minor, numa_form)
     for name, device_taints in (taints or {}).items():

@@ -19,6 +19,7 @@ from dra_driver.api.slice import (
     DeviceCounterConsumption,
 )
 from dra_driver.nvml.inventory import GpuInfo, Inventory, MigProfile
+from dra_driver.nvml.migprofile import parse_profile_name
 from dra_driver.slices import attributes as A
 from dra_driver.slices.counters import binding_capacities, counter_totals, memory_slice_count, profile_capacities
 from dra_driver.slices.naming import counter_set_name, gpu_device_name, mig_device_name
@@ -144,7 +145,26 @@ def _partition_order(profile: MigProfile, start: int) -> tuple[int, int, int]:
     return (-profile.memory_slices, -start, profile.id)
 
 
-def _partitionable(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
+MigProfiles = frozenset[str] | None  # the MIG profiles a partitionable node publishes; None: every one
+
+
+def parse_mig_profiles(value: str | list[str] | tuple[str, ...] | None) -> MigProfiles:
+    """The allowlist as a user writes it: `1g.10gb,3g.40gb` (a flag) or a list (the chart's `migProfiles`); empty or
+    None: every profile. ValueError for a name that is no MIG profile name (`<n>g.<m>gb`, with `+me` or `-me`)."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    names = [str(n).strip() for n in items if str(n).strip()]
+    for name in names:
+        parse_profile_name(name)  # ValueError naming what is wrong
+    return frozenset(names) or None
+
+
+def check_mig_profiles(mig_profiles: MigProfiles, mode: PublishMode) -> None:
+    """ValueError where an allowlist of MIG profiles is given for a mode that carves none."""
+    if mig_profiles is not None and mode is not PublishMode.PARTITIONABLE:
+        raise ValueError(f"migProfiles apply to mode {PublishMode.PARTITIONABLE.value} only, not {mode.value}")
+
+
+def _partitionable(inv: Inventory, gpu: GpuInfo, mig_profiles: MigProfiles = None) -> GpuDevices:
     group = GpuDevices(minor=gpu.minor)
     dynamic = gpu.mig_capable and not gpu.virtualized and (gpu.mig_enabled or not gpu.mig_toggle_needs_reset)
     if not dynamic:
@@ -163,8 +183,15 @@ def _partitionable(inv: Inventory, gpu: GpuInfo) -> GpuDevices:
             DeviceCounterConsumption(counter_set=counter_set.name, counters=dict(counter_set.counters))
         ]
         group.devices.append(whole)
+    # an allowlist leaves out the other profiles' partitions: fewer devices for the scheduler to read on every node
+    # it tries (bench/bench_scheduler.py --mig-profiles); the counter set still describes the whole GPU
     partitions = sorted(
-        ((p, pl.start) for p in gpu.mig_profiles for pl in p.placements),
+        (
+            (p, pl.start)
+            for p in gpu.mig_profiles
+            for pl in p.placements
+            if mig_profiles is None or p.name in mig_profiles
+        ),
         key=lambda item: _partition_order(*item),
     )
     common = _common_attributes(inv, gpu)
@@ -276,9 +303,13 @@ def _share(device: Device, replicas: int | None) -> None:
         )
 
 
-def gpu_devices(inv: Inventory, gpu: GpuInfo, mode: PublishMode, replicas: int | None = None) -> GpuDevices:
+def gpu_devices(
+    inv: Inventory, gpu: GpuInfo, mode: PublishMode, replicas: int | None = None, mig_profiles: MigProfiles = None
+) -> GpuDevices:
+    """What `gpu` publishes in `mode`; `mig_profiles` limits the partitions of the partitionable mode (the other
+    modes publish the MIG devices an admin made, whatever their profile)."""
     if mode is PublishMode.PARTITIONABLE:
-        return _partitionable(inv, gpu)
+        return _partitionable(inv, gpu, mig_profiles)
     if mode is PublishMode.SHARED:
         return _shared(inv, gpu, replicas)
     return _static(inv, gpu, include_mig=mode is PublishMode.STATIC)

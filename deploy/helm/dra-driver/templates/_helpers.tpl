@@ -72,6 +72,14 @@ whole GPUs cost on 1.37 too, more as the cluster fills, and before 1.37 more wit
 {{- if and $replicas (ne $mode "shared") -}}
 {{- fail (printf "replicas apply to mode shared only, not %s" $mode) -}}
 {{- end -}}
+{{- if and .Values.migProfiles (ne $mode "partitionable") -}}
+{{- fail (printf "migProfiles apply to mode partitionable only, not %s" $mode) -}}
+{{- end -}}
+{{- range .Values.migProfiles -}}
+{{- if not (regexMatch "^([0-9]+c\\.)?[0-9]+g\\.[0-9]+gb(\\+me\\.all|\\+me|\\+gfx|-me)?$" (toString .)) -}}
+{{- fail (printf "migProfiles: %q is not a MIG profile name (like 1g.10gb or 1g.10gb+me)" (toString .)) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $replicas (ne $replicas "unlimited") (or (not (regexMatch "^[1-9][0-9]{0,3}$" $replicas)) (gt (atoi $replicas) 1024)) -}}
 {{- fail (printf "replicas must be a number from 1 to 1024 or unlimited, not %q" $replicas) -}}
 {{- end -}}
