@@ -18,6 +18,9 @@ Fill levels (`--fills`, default 0,50,90): as scheduler_perf's steady-state cases
 is allocated (claims written allocated, a whole GPU each; a GPU counts once anything on it is allocated) before the
 level's pods; the levels run in turn in one control plane, each topping up what the pods of the level before took.
 
+With --mig-profiles 1g.10gb,3g.40gb: the partitionable layout also with only those MIG profiles published (the
+daemon's --mig-profiles, the chart's migProfiles).
+
 With --profile SECONDS: a CPU profile of kube-scheduler (its /debug/pprof) over the first SECONDS of each
 partitionable level, its top functions printed.
 
@@ -59,7 +62,6 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -297,24 +299,6 @@ def limits_in_force(config: dict[str, Any]) -> str:
             f"percentageOfNodesToScore {config.get('percentageOfNodesToScore') or 'adaptive'}")  # fmt: skip
 
 
-def only_profiles(slices: list[dict[str, Any]], profiles: frozenset[str]) -> list[dict[str, Any]]:
-    """Our slices with the MIG partitions of other profiles left out (whole GPUs and counter sets kept): the shape
-    of a node allowed only those profiles."""
-    out = []
-    for s in slices:
-        devices = s["spec"].get("devices")
-        if devices:
-            devices = [d for d in devices if d["attributes"]["type"]["string"] != "mig"
-                       or d["attributes"]["profile"]["string"] in profiles]  # fmt: skip
-            if not devices:
-                continue
-        out.append({**s, "spec": {**s["spec"], "devices": devices}})
-    per_pool = Counter(s["spec"]["pool"]["name"] for s in out)
-    for s in out:
-        s["spec"]["pool"] = {**s["spec"]["pool"], "resourceSliceCount": per_pool[s["spec"]["pool"]["name"]]}
-    return out
-
-
 def gpu_groups(slices: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     """Per pool: each device's GPU, as the counter set it draws on (partitionable layouts) or its own name."""
     groups: dict[str, dict[str, str]] = {}
@@ -500,9 +484,7 @@ def run_layout(
         if nvidia:  # captured before the clock and the bench nodes: its plugin publishes for a node of its own
             names, slices = nvidia_fleet(cp, nodes, mode, tmp)
         else:
-            names, slices = fleet(nodes, tmp, mode, k8s_version)
-            if mig_profiles is not None:
-                slices = only_profiles(slices, mig_profiles)
+            names, slices = fleet(nodes, tmp, mode, k8s_version, mig_profiles)
         api = api_client(cp.kubeconfig)
         scheduler = Scheduler(cp)
         in_force = limits_in_force(scheduler.config())

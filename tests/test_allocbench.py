@@ -48,19 +48,24 @@ def classes() -> list[dict[str, Any]]:
 
 
 @cache
-def _node_slices(mode: PublishMode, tmp: str, k8s_version: str) -> str:
+def _node_slices(mode: PublishMode, tmp: str, k8s_version: str, mig_profiles: frozenset[str] | None = None) -> str:
     sim = SimulatedNvml("dgx-h100", Path(tmp))
-    slices = build_slices(discover(sim, sim.sysfs_root), node_name="NODE-NAME", k8s_version=k8s_version, mode=mode)
+    slices = build_slices(discover(sim, sim.sysfs_root), node_name="NODE-NAME", k8s_version=k8s_version, mode=mode,
+                          mig_profiles=mig_profiles)  # fmt: skip
     return json.dumps([s.to_api() for s in slices])
 
 
 def fleet(
-    nodes: int, tmp: Path, mode: PublishMode = PublishMode.PARTITIONABLE, k8s_version: str = "1.36"
+    nodes: int,
+    tmp: Path,
+    mode: PublishMode = PublishMode.PARTITIONABLE,
+    k8s_version: str = "1.36",
+    mig_profiles: frozenset[str] | None = None,
 ) -> tuple[list[str], list[Any]]:
     """Node names and the slices of that many dgx-h100 nodes: one node's slices from our builder for `k8s_version`'s
-    layout, renamed."""
+    layout (partitionable: with only `mig_profiles`' partitions, None: every one), renamed."""
     names = [f"node-{i:03d}" for i in range(nodes)]
-    one = _node_slices(mode, str(tmp), k8s_version)
+    one = _node_slices(mode, str(tmp), k8s_version, mig_profiles)
     return names, [s for name in names for s in json.loads(one.replace("NODE-NAME", name))]
 
 

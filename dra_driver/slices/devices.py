@@ -45,10 +45,10 @@ class NumaNodeForm(StrEnum):
     LIST = "list"  # `ints`: its own node first, then its socket's nodes as close to it (sub-NUMA clustering)
 
 
-# The daemon's default, and the chart's before Kubernetes 1.37: there MIG partitions carved on demand cost the
-# kube-scheduler more with every partitionable node (20x fewer pods/s on 100 nodes; bench/bench_scheduler.py,
-# docs/resourceslices.md), so they are opt-in, as NVIDIA's DynamicMIG is; static publishes whole GPUs and the MIG
-# devices an admin created. From 1.37 the chart defaults to partitionable (its dra-driver.mode template).
+# The daemon's default and the chart's on every version: MIG partitions carved on demand cost the kube-scheduler
+# several times what whole GPUs cost (on 1.37, 100 nodes, half the GPUs in use: 7x; before 1.37 more with every
+# partitionable node; bench/bench_scheduler.py, docs/resourceslices.md), so they are opt-in, as NVIDIA's DynamicMIG
+# is; static publishes whole GPUs and the MIG devices an admin created.
 DEFAULT_MODE: Final = PublishMode.STATIC
 
 
