@@ -64,8 +64,10 @@ def test_slice_names_sort_as_the_devices_should_be_tried(sim_factory, machine: s
     slices = build_slices(_inventory(sim_factory, machine), node_name="n", k8s_version="1.37")
     tried = [d for s in sorted(slices, key=lambda s: s.metadata.name) for d in s.spec.devices or []]
     assert tried == [d for s in slices for d in s.spec.devices or []]  # the name order is the built order
-    kinds = [d.attributes["type"].string for d in tried]
-    assert kinds == sorted(kinds, key=lambda k: k != "gpu"), kinds  # whole GPUs first
+    carved = {d.name.split("-mig-")[0] for d in tried if "-mig-" in d.name}
+    wholes = [i for i, d in enumerate(tried) if d.name in carved]
+    partitions = [i for i, d in enumerate(tried) if "-mig-" in d.name]
+    assert carved and max(wholes) < min(partitions)  # every whole GPU with partitions before any partition
     assert len({len(s.metadata.name) for s in slices}) == 1  # indices as wide as the last
 
 

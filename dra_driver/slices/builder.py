@@ -53,25 +53,21 @@ def _layout(groups: list[GpuDevices], limits: SliceLimits) -> list[tuple[list[De
                 )
             out.append((g.devices, [g.counter_set]))
     else:
-        # >= 1.35: counter sets in slices of their own, devices in others. Every whole GPU comes first, then each
-        # GPU's partitions: the scheduler's allocator tries a node's devices in slice-name order (1.36+), checking
-        # "in use" before it evaluates a class's CEL on a device, so a whole-GPU claim on a node whose first GPUs
-        # are taken skips them at no cost instead of evaluating CEL on each of their partitions first
-        # (bench/bench_scheduler.py: the cost of a partitionable layout at 50% and 90% of the GPUs in use).
+        # >= 1.35: counter sets in slices of their own, devices in others. Every whole GPU with partitions comes
+        # first, then each GPU's partitions (GPUs without any after, as before): the scheduler's allocator tries a
+        # node's devices in slice-name order (1.36+), checking "in use" before it evaluates a class's CEL on a
+        # device, so a whole-GPU claim on a node whose first GPUs are taken skips them at no cost instead of
+        # evaluating CEL on each of their partitions first (bench/bench_scheduler.py: 50% and 90% of GPUs in use).
         sets = [g.counter_set for g in partitioned if g.counter_set is not None]
         per_slice = limits.max_counter_sets_per_slice or len(sets)
         out += [([], sets[i : i + per_slice]) for i in range(0, len(sets), per_slice)]
-        whole = sorted((g for g in groups if g.devices and g.devices[0].name == gpu_device_name(g.minor)),
-                       key=lambda g: g.minor)  # fmt: skip
-        firsts = [g.devices[0] for g in whole]
+        firsts = [g.devices[0] for g in partitioned if g.devices and g.devices[0].name == gpu_device_name(g.minor)]
         if firsts:
             out += [(chunk, []) for chunk in _chunks(firsts, _device_chunk_size(firsts, limits))]
         for g in partitioned:
             rest = [d for d in g.devices if d.name != gpu_device_name(g.minor)]
             if rest:
                 out += [(chunk, []) for chunk in _chunks(rest, _device_chunk_size(rest, limits))]
-        taken = {id(d) for d in firsts}
-        plain = [d for g in groups if g.counter_set is None for d in g.devices if id(d) not in taken]
     if plain:
         out += [(chunk, []) for chunk in _chunks(plain, _device_chunk_size(plain, limits))]
     return out
