@@ -25,7 +25,7 @@ from dra_driver.slices.builder import build_slices
 from dra_driver.slices.devices import PublishMode
 from tests.kubelet_harness import KubeletHarness
 from tests.polling import wait_for
-from tests.test_publisher import api_client, pool_complete
+from tests.test_publisher import DGX_H100_SLICES, api_client, pool_complete
 
 NODE, NS = "e2e-node", "e2e"
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ class Node:
         self.publisher.start()
         self.server.start()
         self.kubelet.register()
-        wait_for("pool published", lambda: pool_complete(self.cp, NODE, 9))
+        wait_for("pool published", lambda: pool_complete(self.cp, NODE, DGX_H100_SLICES))
 
     def stop(self) -> None:
         self.kubelet.close()
