@@ -270,8 +270,9 @@ class Scheduler:
             return bytes(response.read())
 
     def config(self) -> dict[str, Any]:
-        """The KubeSchedulerConfiguration in force, as the scheduler reports it (/configz)."""
-        return dict(json.loads(self.get("/configz"))["componentconfig"])
+        """The KubeSchedulerConfiguration in force, as the scheduler reports it (/configz), its keys as v1 spells
+        them."""
+        return configz_fields(json.loads(self.get("/configz"))["componentconfig"])
 
     def read(self) -> dict[str, tuple[float, float]]:
         """(sum, count) of each histogram in METRICS."""
@@ -290,6 +291,14 @@ class Scheduler:
                         count += float(value)
             out[key] = (total, count)
         return out
+
+
+def configz_fields(config: Any) -> Any:
+    """/configz's keys as the versioned API spells them: 1.37 reports `clientConnection.qps`, 1.36 and older their
+    Go fields (`ClientConnection.QPS`)."""
+    if isinstance(config, dict):
+        return {(k.lower() if k.isupper() else k[:1].lower() + k[1:]): configz_fields(v) for k, v in config.items()}
+    return [configz_fields(v) for v in config] if isinstance(config, list) else config
 
 
 def limits_in_force(config: dict[str, Any]) -> str:

@@ -81,6 +81,15 @@ def test_nvidias_slices_schedule_a_tiny_run(bench: ModuleType, tmp_path: Path) -
     assert (r["layout"], r["devices"], r["bound"], r["pods"]) == ("NVIDIA DynamicMIG", 208, 4, 4)
 
 
+def test_the_limits_are_read_from_configz_as_every_version_reports_them(bench: ModuleType) -> None:
+    """1.37's /configz speaks the v1 API's names, 1.36 and older their Go fields: the printed limits are the same."""
+    new = {"clientConnection": {"qps": 5000, "burst": 5000}, "parallelism": 16, "percentageOfNodesToScore": 0}
+    old = {"ClientConnection": {"QPS": 5000, "Burst": 5000}, "Parallelism": 16, "PercentageOfNodesToScore": 0}
+    expected = "QPS 5000, burst 5000, parallelism 16, percentageOfNodesToScore adaptive"
+    assert bench.limits_in_force(bench.configz_fields(new)) == bench.limits_in_force(bench.configz_fields(old))
+    assert bench.limits_in_force(bench.configz_fields(old)) == expected
+
+
 def _results(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
 
