@@ -294,8 +294,8 @@ class Scheduler:
 
 
 def configz_fields(config: Any) -> Any:
-    """/configz's keys as the versioned API spells them: 1.37 reports `clientConnection.qps`, 1.36 and older their
-    Go fields (`ClientConnection.QPS`)."""
+    """/configz's keys as the versioned API spells them: 1.36 and 1.37 report `clientConnection.qps`, 1.35 and
+    older their Go fields (`ClientConnection.QPS`)."""
     if isinstance(config, dict):
         return {(k.lower() if k.isupper() else k[:1].lower() + k[1:]): configz_fields(v) for k, v in config.items()}
     return [configz_fields(v) for v in config] if isinstance(config, list) else config

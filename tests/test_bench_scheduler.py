@@ -82,7 +82,7 @@ def test_nvidias_slices_schedule_a_tiny_run(bench: ModuleType, tmp_path: Path) -
 
 
 def test_the_limits_are_read_from_configz_as_every_version_reports_them(bench: ModuleType) -> None:
-    """1.37's /configz speaks the v1 API's names, 1.36 and older their Go fields: the printed limits are the same."""
+    """1.36 and 1.37 answer /configz in the v1 API's names, 1.35 and older in their Go fields: the same limits."""
     new = {"clientConnection": {"qps": 5000, "burst": 5000}, "parallelism": 16, "percentageOfNodesToScore": 0}
     old = {"ClientConnection": {"QPS": 5000, "Burst": 5000}, "Parallelism": 16, "PercentageOfNodesToScore": 0}
     expected = "QPS 5000, burst 5000, parallelism 16, percentageOfNodesToScore adaptive"
