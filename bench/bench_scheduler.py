@@ -308,6 +308,24 @@ def limits_in_force(config: dict[str, Any]) -> str:
             f"percentageOfNodesToScore {config.get('percentageOfNodesToScore') or 'adaptive'}")  # fmt: skip
 
 
+COMPATIBILITY_GATE = "DRADeviceCompatibilityGroups"  # KEP-5963, alpha in 1.37
+
+
+def with_compatibility_groups(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Our partitionable slices with device compatibility groups (KEP-5963) beside the counters: a whole GPU in group
+    `whole` consuming one counter of its GPU's set (the API wants one), its partitions in group `mig` with their
+    counters as before. A whole GPU and a partition of it then exclude each other by group, not by counters."""
+    out = json.loads(json.dumps(slices))
+    for s in out:
+        for d in s["spec"].get("devices") or []:
+            whole = d["attributes"]["type"]["string"] == "gpu"
+            for c in d.get("consumesCounters") or []:
+                if whole:
+                    c["counters"] = dict(list(c["counters"].items())[:1])
+                c["compatibilityGroups"] = ["whole" if whole else "mig"]
+    return out
+
+
 def gpu_groups(slices: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     """Per pool: each device's GPU, as the counter set it draws on (partitionable layouts) or its own name."""
     groups: dict[str, dict[str, str]] = {}
@@ -468,6 +486,7 @@ def run_layout(
     profile_s: float = 0.0,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     mig_profiles: frozenset[str] | None = None,
+    compatibility_groups: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows for our slices for `mode` (the layout that version's users get), or with `nvidia` NVIDIA's for its
     counterpart (NVIDIA_LAYOUTS), on `nodes` nodes, in a control plane of its own whose kube-scheduler has client
@@ -487,13 +506,16 @@ def run_layout(
     kinds = WORKLOADS[workload]
     rows = []
     # a version of the matrix with the gates its users turn on for these layouts (alpha before 1.36)
-    with ControlPlane(version=version, feature_gates=LAYOUT_GATES if version else None,
+    gates = {**(LAYOUT_GATES if version else {}), **({COMPATIBILITY_GATE: True} if compatibility_groups else {})}
+    with ControlPlane(version=version, feature_gates=gates or None,
                       runtime_config=layout_runtime_config(version), scheduler_client=limits) as cp:  # fmt: skip
         server = cp.server_version()
         if nvidia:  # captured before the clock and the bench nodes: its plugin publishes for a node of its own
             names, slices = nvidia_fleet(cp, nodes, mode, tmp)
         else:
             names, slices = fleet(nodes, tmp, mode, k8s_version, mig_profiles)
+            if compatibility_groups:
+                slices = with_compatibility_groups(slices)
         api = api_client(cp.kubeconfig)
         scheduler = Scheduler(cp)
         in_force = limits_in_force(scheduler.config())
@@ -555,6 +577,8 @@ def run_layout(
             layout = NVIDIA_LAYOUTS[mode][1] if nvidia else mode.value
             if mig_profiles is not None:
                 layout += f" ({', '.join(sorted(mig_profiles)) or 'no MIG'})"
+            if compatibility_groups:
+                layout += " + compatibility groups"
             rows.append({"kubernetes": server, "layout": layout,
                          "workload": workload, "fill": fill, "nodes": nodes,
                          "devices": sum(len(s["spec"].get("devices") or []) for s in slices) // nodes,
@@ -568,6 +592,9 @@ def run_layout(
         r["rejected"] = rejected
     return rows
 
+
+# (layout, workload, NVIDIA's slices, scheduler client limits, fill levels, MIG profiles, compatibility groups)
+Run = tuple[PublishMode, str, bool, ClientLimits, tuple[int, ...], frozenset[str] | None, bool]
 
 COLUMNS = (
     "| kubernetes | nodes | layout | workload | GPUs in use before | devices/node | slices/node | pods bound "
@@ -610,6 +637,9 @@ def main() -> None:
     )
     parser.add_argument("--mig-profiles", help="also the partitionable layout with only these MIG profiles published "
                                                "(comma-separated, e.g. 1g.10gb,3g.40gb)")  # fmt: skip
+    parser.add_argument("--compatibility-groups", action="store_true",
+                        help=f"also the partitionable layout with device compatibility groups ({COMPATIBILITY_GATE} "
+                             "on the API server and scheduler)")  # fmt: skip
     parser.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                         help="a CPU profile of kube-scheduler over the first SECONDS of each partitionable run, "
                              "its top functions printed")  # fmt: skip
@@ -646,22 +676,29 @@ def main() -> None:
         for version in versions:
             for nodes in node_counts:
                 pods = args.pods or nodes * per_node
-                runs: list[tuple[PublishMode, str, bool, ClientLimits, tuple[int, ...], frozenset[str] | None]] = []
+                runs: list[
+                    tuple[PublishMode, str, bool, ClientLimits, tuple[int, ...], frozenset[str] | None, bool]
+                ] = []
                 for mode, workload in cases:  # NVIDIA's slices right after ours for the same layout and workload
-                    runs.append((mode, workload, False, RAISED, fills, None))
+                    runs.append((mode, workload, False, RAISED, fills, None, False))
                     if not args.no_nvidia and mode in NVIDIA_LAYOUTS and workload in NVIDIA_WORKLOADS:
-                        runs.append((mode, workload, True, RAISED, fills, None))
+                        runs.append((mode, workload, True, RAISED, fills, None, False))
                 if args.mig_profiles is not None:  # the partitionable layout with fewer MIG profiles
                     allowed = frozenset(filter(None, args.mig_profiles.split(",")))
-                    runs += [(mode, workload, False, RAISED, fills, allowed) for mode, workload in cases
+                    runs += [(mode, workload, False, RAISED, fills, allowed, False) for mode, workload in cases
                              if mode == PublishMode.PARTITIONABLE and (workload == whole or allowed)]  # fmt: skip
+                if args.compatibility_groups:
+                    runs += [(mode, workload, False, RAISED, fills, None, True) for mode, workload in cases
+                             if mode == PublishMode.PARTITIONABLE]  # fmt: skip
                 if not args.no_as_deployed:  # what a scheduler deployed as it comes measures: its client's limiter
-                    runs += [(mode, workload, False, SCHEDULER_DEFAULT_CLIENT, (0,), None) for mode, workload in cases
+                    runs += [(mode, workload, False, SCHEDULER_DEFAULT_CLIENT, (0,), None, False)
+                             for mode, workload in cases
                              if mode in AS_DEPLOYED_LAYOUTS and workload in (whole, FOUR)]  # fmt: skip
-                for mode, workload, nvidia, limits, levels, profiles in runs:  # rows as soon as measured
+                for mode, workload, nvidia, limits, levels, profiles, groups in runs:  # rows as soon as measured
                     profile = args.profile if mode == PublishMode.PARTITIONABLE and limits == RAISED else 0.0
                     rows = run_layout(mode, workload, nodes, pods, Path(tmp), version, nvidia=nvidia, fills=levels,
                                       limits=limits, profile_s=profile, mig_profiles=profiles,
+                                      compatibility_groups=groups,
                                       on_row=lambda r: print(row_line(r), flush=True))  # fmt: skip
                     in_force.update((r["client"], r["limits"]) for r in rows)
                     rejected += rows[0]["rejected"]

@@ -6,6 +6,7 @@ given share of its GPUs before the measured pods."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -172,3 +173,19 @@ def test_the_bench_raises_the_schedulers_client_limits_and_prints_them(bench: Mo
     )
     assert "--max-requests-inflight 400" in out.stdout
     assert "apiserver_flowcontrol_rejected_requests_total): 0" in out.stdout
+
+
+def test_compatibility_groups_put_whole_gpus_and_partitions_apart(bench: ModuleType, tmp_path: Path) -> None:
+    """The KEP-5963 shape tried against counters alone: a whole GPU in group `whole` with one counter, each partition
+    in group `mig` with its counters; everything else as published."""
+    _, slices = fleet(1, tmp_path, PublishMode.PARTITIONABLE, "v1.37.2")
+    grouped = bench.with_compatibility_groups(slices)
+    devices = [d for s in grouped for d in s["spec"].get("devices") or []]
+    plain = [d for s in slices for d in s["spec"].get("devices") or []]
+    assert [d["name"] for d in devices] == [d["name"] for d in plain]
+    for d, before in zip(devices, plain, strict=True):
+        (c,) = d["consumesCounters"]
+        whole = d["attributes"]["type"]["string"] == "gpu"
+        assert c["compatibilityGroups"] == (["whole"] if whole else ["mig"])
+        assert len(c["counters"]) == 1 if whole else c["counters"] == before["consumesCounters"][0]["counters"]
+    assert "compatibilityGroups" not in json.dumps(slices)  # the published slices are left as they were
