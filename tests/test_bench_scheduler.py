@@ -5,7 +5,6 @@ given share of its GPUs before the measured pods."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from dra_driver.slices.devices import PublishMode
 from dra_driver.slices.limits import limits_for
 from dra_driver.slices.validation import validate_pool
 from tests.cluster.controlplane import SCHEDULER_DEFAULT_CLIENT, ControlPlane
+from tests.loadscript import load_script
 from tests.test_allocbench import fleet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,12 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scheduler", ROOT / "bench" / "bench_scheduler.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "bench_scheduler.py")
 
 
 @pytest.mark.parametrize("minor", [34, 35, 36, 37])

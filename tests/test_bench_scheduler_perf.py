@@ -6,11 +6,9 @@ captured from a real run, tests/data/scheduler_perf/). One real workload runs wh
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,6 +19,7 @@ import yaml
 from dra_driver.api.slice import ResourceSlice
 from dra_driver.slices.limits import limits_for
 from dra_driver.slices.validation import validate_pool
+from tests.loadscript import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "scheduler_perf"
@@ -32,12 +31,7 @@ OPCODES = {"createNodes", "createAny", "allocResourceClaims", "createPods"}
 
 @pytest.fixture(scope="module")
 def perf() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scheduler_perf", ROOT / "bench" / "bench_scheduler_perf.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "bench_scheduler_perf.py")
 
 
 def go_render(text: str, env: dict[str, Any]) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +10,13 @@ import pytest
 
 from dra_driver.nvml.discovery import discover
 from dra_driver.simulator.catalog import machine_names, product
+from tests.loadscript import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "device_check.py"
 
 
 def _module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 @pytest.mark.parametrize("name", machine_names())

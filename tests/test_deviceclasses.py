@@ -3,7 +3,6 @@ exactly the devices they describe, and the per-profile MIG classes in step with 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,17 +13,14 @@ from dra_driver.claimstate.config import decode
 from dra_driver.nvml.discovery import discover
 from dra_driver.slices.attributes import DEFAULT_DRIVER_NAME
 from dra_driver.slices.builder import build_slices
+from tests.loadscript import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = sorted((ROOT / "deviceclasses").glob("*.yaml"))
 
 
 def _generator():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("gen_deviceclasses", ROOT / "scripts" / "gen_deviceclasses.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "scripts" / "gen_deviceclasses.py")
 
 
 def test_every_class_is_accepted_by_the_api_server(control_plane) -> None:
