@@ -285,6 +285,53 @@ def test_snapshot_maps_unknown_and_truncates_messages() -> None:
     assert dra_health_v1alpha1_pb2.HealthStatus.Name(UNKNOWN) == "UNKNOWN"
 
 
+class _Call:
+    """The servicer's side of one call: active until its termination callbacks run (when gRPC has sent its status)."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+        self.active = True
+
+    def is_active(self) -> bool:
+        return self.active
+
+    def add_callback(self, callback: Any) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+    def terminate(self) -> None:
+        self.active = False
+        for callback in self.callbacks:
+            callback()
+
+
+def test_stop_returns_once_the_ended_streams_are_over() -> None:
+    """The server's stop cancels every call still open (the kubelet logs a cancelled stream as an error), so the
+    servicer's stop waits until the streams it ended are over, their OK status sent (gRPC's termination callback),
+    and no longer than its bound. A loaded machine let the cancel win (a .ci/run failed
+    test_server_stop_ends_an_open_stream_cleanly)."""
+    servicer = ResourceHealthServicer(DeviceHealthSource(NODE, Devices("a")), resend_interval_s=60)
+    call = _Call()
+    stream = servicer.NodeWatchResources(None, call)
+    next(stream)
+    ended = threading.Thread(target=lambda: list(stream))
+    ended.start()
+    stopped = threading.Event()
+    stopper = threading.Thread(target=lambda: (servicer.stop(), stopped.set()))
+    stopper.start()
+    ended.join(5)
+    assert not ended.is_alive() and servicer.streams == 0  # the stream ended
+    assert not stopped.wait(0.3)  # its call is not over yet: stop waits
+    call.terminate()
+    assert stopped.wait(5)
+    began = time.monotonic()
+    servicer.start()
+    lost = servicer.NodeWatchResources(None, _Call())  # a call whose termination never comes
+    next(lost)
+    servicer.stop(wait_s=0.2)
+    assert 0.15 < time.monotonic() - began < 3  # bounded
+
+
 def test_server_stop_ends_an_open_stream_cleanly(short_dir: Path, devices: Devices) -> None:
     """The kubelet takes a stream that ends with status OK (io.EOF) as a clean end and logs it at -v=2; any other
     status is "Error receiving from WatchResources stream" at level E (pkg/kubelet/cm/dra/manager.go). A driver

@@ -42,6 +42,9 @@ DEFAULT_MAX_STREAMS = 2  # the kubelet keeps one; one more for an instance repla
 DEFAULT_RESEND_INTERVAL_S = 10.0
 DEFAULT_HEALTH_CHECK_TIMEOUT_S = 30  # what we tell the kubelet: trust a status this long (three resends)
 MAX_MESSAGE = 1024  # the kubelet truncates longer messages
+# stop() waits this long at most for the streams it ended to be over, their OK status sent: the server's stop that
+# follows cancels whatever is still open, and the kubelet logs a cancelled stream as an error
+STOP_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class ResourceHealthServicer:
         self._cond = threading.Condition()
         self._generation = 0  # bumped by notify()
         self._streams = 0
+        self._calls = 0  # calls not yet terminated (their status sent or cancelled): outlive _streams by a moment
         self._stopped = False
 
     @property
@@ -126,11 +130,15 @@ class ResourceHealthServicer:
         with self._cond:
             self._stopped = False
 
-    def stop(self) -> None:
-        """End every open stream now and refuse new ones (UNAVAILABLE) until :meth:`start`."""
+    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
+        """End every open stream now and refuse new ones (UNAVAILABLE) until :meth:`start`; return once the ended
+        calls are over (at most `wait_s`)."""
+        deadline = time.monotonic() + wait_s
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+            while self._calls and (remaining := deadline - time.monotonic()) > 0:
+                self._cond.wait(remaining)
 
     def snapshot(self) -> Message:
         """The complete device list, as sent on the streams."""
@@ -151,8 +159,10 @@ class ResourceHealthServicer:
         result: Message = response
         return result
 
-    def _wake(self) -> None:
+    def _call_ended(self) -> None:
+        """gRPC's callback at a call's termination: wakes its stream's wait, and stop()'s."""
         with self._cond:
+            self._calls -= 1
             self._cond.notify_all()
 
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Message]:
@@ -166,8 +176,10 @@ class ResourceHealthServicer:
                     f"{self._streams} NodeWatchResources streams are open already (at most {self._max_streams})",
                 )
             self._streams += 1
+            self._calls += 1
         try:
-            context.add_callback(self._wake)  # a cancelled or ended call wakes the wait below at once
+            if not context.add_callback(self._call_ended):  # a cancelled or ended call wakes the wait below at once
+                self._call_ended()  # over already: no callback will come
             while context.is_active():
                 with self._cond:
                     seen = self._generation
