@@ -191,6 +191,7 @@ def test_the_parser_reads_a_real_runs_output(perf: ModuleType, tmp_path: Path) -
     assert r is not None
     assert (r.average, r.perc50, r.perc90, r.scheduled, r.prefilter_ms, r.filter_ms) == tuple(sample["expected"])
     assert r.scheduled and r.prefilter_ms > 0 and r.filter_ms > 0
+    assert math.isclose(r.attempt_ms, 63.56732113333333)  # scheduler_scheduling_attempt_duration_seconds, scheduled
     stats = perf.parse_bench_output(sample["stdout"])[("Static", "fast")]  # the same, to four digits
     assert math.isclose(stats["Average"], r.average, rel_tol=1e-3) and math.isclose(
         stats["Perc90"], r.perc90, rel_tol=1e-3
