@@ -643,6 +643,8 @@ def main() -> None:
     parser.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                         help="a CPU profile of kube-scheduler over the first SECONDS of each partitionable run, "
                              "its top functions printed")  # fmt: skip
+    parser.add_argument("--mix", action="store_true",
+                        help="the MIG mix workload only (partitionable, NVIDIA's DynamicMIG, --mig-profiles)")
     parser.add_argument(
         "--numa", action="store_true", help="four-GPU claims with and without matchAttribute on numaNode, two per node"
     )
@@ -658,6 +660,8 @@ def main() -> None:
     elif args.extended:
         fills = (0,)
         cases = [(m, w) for m in (PublishMode.STATIC, PublishMode.PARTITIONABLE) for w in (whole, EXTENDED)]
+    elif args.mix:
+        cases = [(PublishMode.PARTITIONABLE, "MIG mix")]
     elif args.layouts:
         cases = [(PublishMode(m), whole) for m in args.layouts.split(",")]
     elif not args.quick:

@@ -35,6 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
 PINS_DIR = REPO_ROOT / "tools" / "k8sbins" / "versions"  # the matrix's versions, one go.mod each
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# Services' virtual addresses (no kube-proxy runs: a pod that sent to one would reach whatever the host routes it to,
+# so a real node checks that the host routes none of it: tests.cluster.netcheck).
+SERVICE_SUBNET = "10.0.0.0/24"
 
 # What the driver's slice layouts use: beta and on by default from 1.36, alpha (off) in 1.34 and 1.35, where a
 # cluster that publishes partitionable or shared devices turns these on (without them the server drops the fields).
@@ -763,7 +766,7 @@ class ControlPlane:
             f"--service-account-issuer={self.server}",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={SERVICE_SUBNET}",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",

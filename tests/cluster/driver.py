@@ -22,7 +22,7 @@ from typing import Any
 
 from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, _tail, free_port
 from tests.cluster.logs import DriverLogs
-from tests.cluster.node import NODE_IP, Node
+from tests.cluster.node import Node
 from tests.polling import wait_until
 
 CHART = REPO_ROOT / "deploy" / "helm" / "dra-driver"
@@ -233,7 +233,7 @@ class DriverRelease:
     def metrics(self) -> str:
         """The driver's Prometheus text (the pod is on the host network: the node's address)."""
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"http://{NODE_IP}:{self.metrics_port}/metrics", timeout=5) as resp:
+        with opener.open(f"http://{self.node.ip}:{self.metrics_port}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
     def checkpoint_claims(self) -> dict[str, Any]:

@@ -28,9 +28,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.cluster import netcheck
 from tests.cluster.controlplane import (
     DEFAULT_CONTROLLERS,
     REPO_ROOT,
+    SERVICE_SUBNET,
     ControlPlane,
     ControlPlaneError,
     KubectlError,
@@ -47,7 +49,6 @@ CONTAINERD_TOOLS = ("containerd", "ctr", "containerd-shim-runc-v2")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 K8S_NAMESPACE = "k8s.io"  # containerd namespace of the CRI plugin
 BRIDGE = "dra-br0"
-POD_SUBNET = "10.244.0.0/24"
 DEAD_REGISTRY = "http://127.0.0.1:9"  # discard port: nothing listens, every pull fails at once
 # The kubelet writes these at start; stop() puts the host's values back.
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
@@ -65,10 +66,6 @@ FIXED_HOST_PATHS = (
 # directory) behind, and a new kubelet would restore the resources it names into its Node's capacity (nvidia.com/gpu
 # from the device-plugin test): start() removes it.
 DEVICE_PLUGIN_CHECKPOINT = Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
-# The Node's address: the kubelet refuses a loopback node IP, and the API server reaches the kubelet (logs, exec) by
-# the Node's InternalIP. An address from TEST-NET-1 (RFC 5737, never routed) on the lo interface: only this machine's
-# own processes reach it; pods in their network namespaces do not.
-NODE_IP = "192.0.2.1"
 NETNS_DIR = Path("/run/netns")
 # One node on a machine at a time (the kubelet's port, kubepods cgroups, the bridge and the address are the host's):
 # a second start() waits for this lock (parallel test sessions queue instead of breaking each other).
@@ -189,6 +186,11 @@ class Node:
         self._created_host_paths: list[Path] = []
         self._added_node_ip = False
         self._host_before: dict[str, Any] = {}
+        # The Node's address (InternalIP: the kubelet refuses a loopback one, and the API server reaches the kubelet
+        # by it), on lo, and its pods' subnet: chosen at start among addresses this machine neither has nor routes
+        # (tests.cluster.netcheck; 192.0.2.1, once used here, is these machines' gateway).
+        self.ip = ""
+        self.pod_subnet = ""
         self.node_bin_dir: Path | None = None
         self.startup_seconds: float | None = None
         self._lock_fd: int | None = None
@@ -290,6 +292,7 @@ class Node:
         self._netns_before = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
         self._created_host_paths = [p for p in FIXED_HOST_PATHS if not p.exists()]
         DEVICE_PLUGIN_CHECKPOINT.unlink(missing_ok=True)  # another node's: none runs while this one holds the lock
+        self._choose_addresses()
         self._host_before = self._host_state()
         self.node_bin_dir = ensure_node_binaries()
         self._add_node_ip()
@@ -330,7 +333,7 @@ class Node:
         self._remove_cgroups()
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
         if self._added_node_ip:
-            subprocess.run(["ip", "addr", "del", f"{NODE_IP}/32", "dev", "lo"], capture_output=True)
+            subprocess.run(["ip", "addr", "del", f"{self.ip}/32", "dev", "lo"], capture_output=True)
             self._added_node_ip = False
         for name, value in self._sysctls.items():
             if value is not None and _read_sysctl(name) != value:
@@ -359,7 +362,7 @@ class Node:
             "host paths": sorted(str(p) for p in FIXED_HOST_PATHS if p.exists()),
             "kubepods cgroups": sorted(str(t) for t in self._kubepods_cgroups()),
             "bridge": link.returncode == 0,
-            "node ip on lo": f" {NODE_IP}/" in lo,
+            "node ip on lo": bool(self.ip) and f" {self.ip}/" in lo,
             "netns": sorted(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else [],
         }
 
@@ -379,11 +382,24 @@ class Node:
             diff["directories"] = existing
         return diff
 
+    def _choose_addresses(self) -> None:
+        """The node's address and its pods' subnet: the first candidates this machine neither has nor routes, and
+        the control plane's service range checked the same way (NodeError naming the conflicts otherwise)."""
+        shown = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True).stdout
+        for candidate in netcheck.NODE_IP_CANDIDATES:  # a killed node's address (we hold the node lock): removed
+            if f" {candidate}/32 " in shown:
+                subprocess.run(["ip", "addr", "del", f"{candidate}/32", "dev", "lo"], capture_output=True)
+        networks = netcheck.host_networks()
+        try:
+            self.ip = netcheck.choose("node address", netcheck.NODE_IP_CANDIDATES, networks)
+            self.pod_subnet = netcheck.choose("pod subnet", netcheck.POD_SUBNET_CANDIDATES, networks, ours=[BRIDGE])
+            netcheck.choose("service range", [SERVICE_SUBNET], networks)
+        except netcheck.AddressConflict as e:
+            raise NodeError(str(e)) from None
+
     def _add_node_ip(self) -> None:
-        shown = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=True)
-        if f" {NODE_IP}/" not in shown.stdout:
-            subprocess.run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", "lo"], capture_output=True, check=True)
-            self._added_node_ip = True
+        subprocess.run(["ip", "addr", "add", f"{self.ip}/32", "dev", "lo"], capture_output=True, check=True)
+        self._added_node_ip = True
 
     def _terminate(self, comp: _Component, timeout: float = 20.0) -> None:
         if comp.process.poll() is None:
@@ -445,7 +461,7 @@ class Node:
                     "hairpinMode": False,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "ranges": [[{"subnet": self.pod_subnet}]],
                         "dataDir": str(cni / "ipam"),
                     },
                 }
@@ -589,7 +605,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": NODE_IP,
+            "address": self.ip,
             "port": 10250,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -633,7 +649,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             f"--root-dir={self.kubelet_dir}",
             f"--cert-dir={self.work_dir / 'kubelet-pki'}",
             f"--hostname-override={self.name}",
-            f"--node-ip={NODE_IP}",
+            f"--node-ip={self.ip}",
             f"--v={self.kubelet_verbosity}",
         ]
         assert self.node_bin_dir is not None
