@@ -643,8 +643,11 @@ def main() -> None:
     parser.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                         help="a CPU profile of kube-scheduler over the first SECONDS of each partitionable run, "
                              "its top functions printed")  # fmt: skip
-    parser.add_argument("--mix", action="store_true",
-                        help="the MIG mix workload only (partitionable, NVIDIA's DynamicMIG, --mig-profiles)")
+    parser.add_argument(
+        "--mix",
+        action="store_true",
+        help="the MIG mix workload only (partitionable, NVIDIA's DynamicMIG, --mig-profiles)",
+    )
     parser.add_argument(
         "--numa", action="store_true", help="four-GPU claims with and without matchAttribute on numaNode, two per node"
     )

@@ -256,7 +256,8 @@ def _print_health(report: dict[str, Any]) -> None:
         for i in state.get("incidents", []):
             what = f"{i['kind']} {i['value']}" if i.get("value") else i["kind"]
             note = "clearable" if i.get("clearable") else "clears by itself"
-            print(f"    {what} on GPU {i['gpu']} since {i['since']} ({note})")
+            seen = f", {i['count']} times, last {i['lastSeen']}" if i.get("count", 1) > 1 else ""
+            print(f"    {what} on GPU {i['gpu']} since {i['since']}{seen} ({note})")
     for title, key in (("lost GPUs", "lostGPUs"), ("unmonitored GPUs", "unmonitoredGPUs")):
         gpus = report.get(key) or []
         listed = ", ".join(

@@ -10,8 +10,10 @@ health from the plugin's `v1alpha1.DRAResourceHealth` stream. Every XID is count
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import resource
 import signal
 import threading
 import time
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY
 
 from dra_driver import memory
 from dra_driver.claimstate.checkpoint import current_boot_id
@@ -39,8 +41,6 @@ from dra_driver.sharing.mps_deployment import from_environment as mps_from_envir
 from dra_driver.slices.devices import NumaNodeForm
 
 if TYPE_CHECKING:  # imported when the daemon serves (_run_served), not before
-    from wsgiref.simple_server import WSGIServer
-
     from dra_driver.api.slice import DeviceTaint, ResourceSlice
     from dra_driver.controller.nodeconfig import NodeConfigurator
 
@@ -69,10 +69,15 @@ class DaemonOptions:
     numa_form: NumaNodeForm = NumaNodeForm.SCALAR  # list: needs DRAListTypeAttributes on the cluster
 
 
-def serve_metrics(port: int, address: str) -> WSGIServer:
-    """The Prometheus endpoint, listening on `address` only (never implicitly on every interface)."""
-    server, _ = start_http_server(port, addr=address)
-    return server
+def raise_descriptor_limit() -> None:
+    """The soft limit on open files up to the hard one, as Go programs do at start (a container's soft limit is
+    often 1024): the servers bound their own connections (dra_driver.httpserver), and headroom keeps a burst of
+    them from failing a prepare. Nothing here uses select(), whose sets end at descriptor 1023."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None = None) -> None:
@@ -81,6 +86,7 @@ def run(options: DaemonOptions, source: NvmlSource, stop: threading.Event | None
     only then): start to serving is what a restarted plugin's prepares wait for."""
     stop = stop or threading.Event()
     memory.limit_arenas()  # before any thread starts: see dra_driver.memory
+    raise_descriptor_limit()
     settings = options.settings
     api = connect(options.kubeconfig)  # no official client: it would cost start-up time (dra_driver.kube)
     # MPS daemons in pods of their own and tmpfs shm, as the chart configures them (else the plugin's children)
@@ -232,7 +238,11 @@ def _run_served(
     desired(1, None)  # fail now, not in the background, if this node cannot be expressed in this version
     publisher = Publisher(api, node_name=settings.pool, driver=settings.driver, desired=desired)
     if options.metrics_port is not None:
-        serve_metrics(options.metrics_port, options.metrics_address)
+        from dra_driver.metricsserver import serve_metrics
+
+        metrics = serve_metrics(options.metrics_port, options.metrics_address)
+        cleanup.callback(metrics.server_close)
+        cleanup.callback(metrics.shutdown)
     for part in (publisher, health, claim_status, admin):
         part.start()
         cleanup.callback(part.stop)

@@ -131,7 +131,7 @@ def test_daemon_publishes_serves_and_republishes(control_plane, tmp_path: Path) 
 
 
 def test_metrics_listen_only_on_the_given_address() -> None:
-    from dra_driver.daemon import serve_metrics
+    from dra_driver.metricsserver import serve_metrics
 
     # 127.0.0.2 is loopback too: a server bound to 0.0.0.0 would answer on 127.0.0.1 as well
     server = serve_metrics(0, "127.0.0.2")

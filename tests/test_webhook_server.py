@@ -5,6 +5,7 @@ stalled clients, the connection cap, and `dra-driver webhook` itself until SIGTE
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import json
 import os
@@ -14,6 +15,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,19 +213,105 @@ def test_too_large_and_unsized_bodies_are_refused_unread(webhook: WebhookServer,
         assert status == 411 and b"Content-Length is required" in body
 
 
-def test_a_body_that_drips_in_is_cut_off(webhook: WebhookServer, pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "REQUEST_TIMEOUT_S", 1.0)
-    with _raw(webhook, pki) as tls:
-        tls.sendall(f"POST {REVIEW_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    "Content-Length: 100\r\n\r\n{".encode())  # fmt: skip
-        started = time.monotonic()
-        for _ in range(3):  # one byte every 0.5 s: each read is in time, the whole body is not
-            time.sleep(0.5)
+def _server(pki: Path, **limits: Any) -> WebhookServer:
+    bounded = dataclasses.replace(server_module.LIMITS, **limits)
+    return WebhookServer(DRIVER, pki / "tls.crt", pki / "tls.key", address="127.0.0.1", port=0, limits=bounded)
+
+
+def test_a_body_that_drips_in_is_cut_off(pki: Path) -> None:
+    server = _server(pki, request_timeout_s=1.0).start()
+    try:
+        with _raw(server, pki) as tls:
+            tls.sendall(f"POST {REVIEW_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        "Content-Length: 100\r\n\r\n{".encode())  # fmt: skip
+            started = time.monotonic()
+            for _ in range(3):  # one byte every 0.5 s: each read is in time, the whole body is not
+                time.sleep(0.5)
+                with contextlib.suppress(OSError):
+                    tls.sendall(b" ")
+            status, body = _read_response(tls)
+            assert status == 408 and b"did not arrive within 1 s" in body
+            assert time.monotonic() - started < 5
+    finally:
+        server.stop()
+
+
+def test_a_request_line_and_headers_that_drip_in_are_cut_off(pki: Path) -> None:
+    """One deadline from a request's first byte: a client sending a header byte every 0.3 s (each read in time)
+    is cut off at it, as is one that sends half a request line and waits."""
+    server = _server(pki, request_timeout_s=1.0).start()
+    try:
+        with _raw(server, pki) as dripping, _raw(server, pki) as waiting:
+            waiting.sendall(b"POST /valid")
+            dripping.sendall(f"POST {REVIEW_PATH} HTTP/1.1\r\nHost: x\r\n".encode())
+            started = time.monotonic()
+            closed = False
+            for byte in b"X-Slow: " + b"a" * 20:
+                time.sleep(0.3)
+                try:
+                    dripping.sendall(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                if time.monotonic() - started > 4:
+                    break
+            data = b""
             with contextlib.suppress(OSError):
-                tls.sendall(b" ")
-        status, body = _read_response(tls)
-        assert status == 408 and b"did not arrive within 1 s" in body
-        assert time.monotonic() - started < 5
+                data = dripping.recv(4096)
+            assert closed or data == b"" or b" 408 " in data, data
+            assert time.monotonic() - started < 4, "the dripping headers held the connection past the deadline"
+            waiting.settimeout(3)
+            answer = b""
+            with contextlib.suppress(OSError):
+                answer = waiting.recv(4096)
+            assert answer == b"" or b" 408 " in answer, answer
+            assert time.monotonic() - started < 4, "half a request line held the connection past the deadline"
+    finally:
+        server.stop()
+
+
+def _dripper(server: WebhookServer, pki: Path, stop: threading.Event) -> None:
+    """A client that sends a request line, then a header byte every 0.2 s, for as long as it is let."""
+    try:
+        with _raw(server, pki) as tls:
+            tls.sendall(f"POST {REVIEW_PATH} HTTP/1.1\r\n".encode())
+            while not stop.wait(0.2):
+                tls.sendall(b"a")
+    except OSError:
+        pass
+
+
+def test_slow_and_idle_clients_do_not_lock_reviews_out(pki: Path) -> None:
+    """More slow-header and idle clients than the server has connections: reviews still get through (the
+    oldest idle connection, else the slowest request, makes room), and none of the flood's connections is kept
+    past its deadline."""
+    server = _server(pki, max_connections=16, max_per_peer=16, request_timeout_s=5.0).start()
+    stop = threading.Event()
+    flood = [threading.Thread(target=_dripper, args=(server, pki, stop), daemon=True) for _ in range(20)]
+    idle = [_raw(server, pki) for _ in range(20)]
+    try:
+        for t in flood:
+            t.start()
+        time.sleep(1.5)  # every dripper is in its request, older than the server's pressure_s
+        for _ in range(5):
+            started = time.monotonic()
+            assert _post(_connect(server, pki), REVIEW)[0] == 200
+            assert time.monotonic() - started < 3
+        assert server._server.connections() <= 16
+    finally:
+        stop.set()
+        for tls in idle:
+            tls.close()
+        for t in flood:
+            t.join(timeout=10)
+        server.stop()
+
+
+def test_an_integer_pythons_parser_refuses_is_a_400(webhook: WebhookServer, pki: Path) -> None:
+    body = json.dumps(REVIEW).replace('"uid": ', '"big": ' + "9" * 5000 + ', "uid": ', 1).encode()
+    assert b"9" * 5000 in body
+    status, out = _post(_connect(webhook, pki), body)
+    assert status == 400 and "not JSON this webhook can read" in out["error"] and "4300" in out["error"]
 
 
 def test_stalled_handshakes_and_plain_http_do_not_block_others(webhook: WebhookServer, pki: Path) -> None:
@@ -244,14 +332,22 @@ def test_stalled_handshakes_and_plain_http_do_not_block_others(webhook: WebhookS
             s.close()
 
 
-def test_connections_beyond_the_cap_are_closed(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
-    server = WebhookServer(DRIVER, pki / "tls.crt", pki / "tls.key", address="127.0.0.1", port=0).start()
+def test_at_the_cap_the_oldest_idle_connection_makes_room_and_busy_ones_do_not(pki: Path) -> None:
+    server = _server(pki, max_connections=2, max_per_peer=2, pressure_s=30.0).start()
     try:
-        held = [_raw(server, pki) for _ in range(2)]  # handshaken, idle: each holds a slot
+        oldest, newer = _raw(server, pki), _raw(server, pki)  # handshaken, idle: each holds a slot
+        wait_until("two connections counted", lambda: server._server.connections() == 2, timeout=5)
+        assert _post(_connect(server, pki), REVIEW)[0] == 200  # took the oldest's place
+        assert oldest.recv(1) == b""  # closed by the server
+        newer.close()
+        busy = [_raw(server, pki) for _ in range(2)]
+        for tls in busy:  # half a request each: busy, and younger than pressure_s
+            tls.sendall(f"POST {REVIEW_PATH} HTTP/1.1\r\n".encode())
+        wait_until("two requests in progress", lambda: server._server.connections() == 2, timeout=5)
+        time.sleep(0.3)
         with pytest.raises((ssl.SSLError, OSError)):
-            _raw(server, pki).recv(1)
-        for tls in held:
+            _raw(server, pki).recv(1)  # refused: nothing to close for it
+        for tls in busy:
             tls.close()
 
         def serves() -> bool:

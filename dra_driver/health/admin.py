@@ -20,13 +20,12 @@ import logging
 import os
 import secrets
 import socket
-import socketserver
 import threading
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from dra_driver.health.monitor import HealthMonitor, Incident, UnknownDeviceError
+from dra_driver.httpserver import BoundedHandler, BoundedHTTPServer, Limits
 from dra_driver.plugin.socket_identity import (
     DEFAULT_SOCKET_CHECK_INTERVAL_S,
     SocketId,
@@ -41,6 +40,8 @@ log = logging.getLogger(__name__)
 
 SOCKET_NAME = "health.sock"
 MAX_BODY = 64 * 1024
+# Root on the node only (mode 0600): an operator or two, and the requests' pace and size bounded all the same.
+LIMITS = Limits(max_connections=8, request_timeout_s=10.0, idle_timeout_s=30.0)
 
 
 def _tmp_name() -> str:
@@ -82,14 +83,15 @@ def _incident(i: Incident) -> dict[str, Any]:
         "effect": i.effect,
         "gpu": i.gpu_uuid,
         "since": i.time_added,
+        "lastSeen": i.last_seen,
+        "count": i.count,  # repeats of a cause are merged into one incident
         "clearable": i.clearable,
         "devices": sorted(i.devices),
     }
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("health admin: " + format, *args)  # client_address is "" on a Unix socket
@@ -120,7 +122,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._reply(400, {"error": f"a JSON body of at most {MAX_BODY} bytes, with its Content-Length"})
             return
-        raw = self.rfile.read(length)
+        try:
+            raw = self.read_body(length)
+        except OSError:  # the deadline passed or the client left: nobody to answer
+            self.close_connection = True
+            return
         try:
             body = json.loads(raw or b"null")
         except ValueError as e:
@@ -138,12 +144,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, {"device": device.strip(), "cleared": cleared})
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class _Server(BoundedHTTPServer):
+    address_family = socket.AF_UNIX
+    allow_reuse_address = False
 
     def __init__(self, path: str, monitor: HealthMonitor) -> None:
         self.monitor = monitor
-        super().__init__(path, _Handler)
+        super().__init__(path, _Handler, LIMITS)
 
 
 class HealthAdminServer:

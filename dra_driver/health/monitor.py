@@ -33,6 +33,11 @@ every XID/ECC incident that tainted that device, on all the devices they tainted
 keep the last word). The current taints are `taints()` (`{device name: [DeviceTaint]}`), the incidents behind them
 `incidents()`; `on_change` is called (from the monitor thread, or from `clear`) whenever they change.
 
+An XID or ECC event whose cause (kind and value) already has an incident on the same GPU and devices updates that
+incident (`count`, `last_seen`) rather than adding one: a GPU repeating an XID for months keeps one incident, so the
+incidents are bounded by devices and causes, never by events. The other kinds are one per GPU at most. Every
+incident ends once healed: a recovery action back to none, a lost GPU answering again, or an operator's `clear`.
+
 Every XID event, ignored ones included (counting is not tainting), is also passed to `on_xid(uuid, xid)` (the
 telemetry's XID counter): `uuid` is the MIG device's UUID for a MIG-level event whose MIG device can be found
 (checkpoint, then NVML), the GPU's otherwise.
@@ -106,12 +111,29 @@ class Incident:
     devices: frozenset[str]
     value: str | None
     effect: Effect
-    time_added: str = field(default_factory=api_time_now)
+    time_added: str = field(default_factory=api_time_now)  # its first event
     recovery: str | None = None  # NVML's recovery action behind it: the incident ends when the GPU's is none again
+    count: int = 1  # the events merged into it
+    last_seen: str = ""  # its latest event; time_added until a second one
+
+    def __post_init__(self) -> None:
+        if not self.last_seen:
+            self.last_seen = self.time_added
 
     @property
     def clearable(self) -> bool:
         return self.kind in ("xid", "ecc")
+
+    def same_cause(self, other: Incident) -> bool:
+        """Whether `other` is a repeat of this incident: merged into it rather than kept beside it."""
+        return (self.kind, self.gpu_uuid, self.devices, self.value, self.effect, self.recovery) == (
+            other.kind,
+            other.gpu_uuid,
+            other.devices,
+            other.value,
+            other.effect,
+            other.recovery,
+        )
 
 
 def publishable(taints: Mapping[str, list[DeviceTaint]], k8s_version: str | int) -> dict[str, list[DeviceTaint]]:
@@ -174,9 +196,11 @@ class HealthMonitor:
         with self._lock:
             incidents = list(self._incidents)
         by_device: dict[str, dict[str, DeviceTaint]] = {}
+        # least recently seen first: the latest event's incident wins, at that event's time, as when every event
+        # was an incident of its own
         for inc in incidents:
             taint = DeviceTaint(
-                key=f"{self.driver_name}/{inc.kind}", value=inc.value, effect=inc.effect, time_added=inc.time_added
+                key=f"{self.driver_name}/{inc.kind}", value=inc.value, effect=inc.effect, time_added=inc.last_seen
             )
             for name in inc.devices:
                 by_device.setdefault(name, {})[taint.key] = taint
@@ -191,7 +215,7 @@ class HealthMonitor:
             return set(self._lost)
 
     def incidents(self) -> list[Incident]:
-        """The incidents behind the taints, oldest first (copies)."""
+        """The incidents behind the taints, least recently seen first (copies)."""
         with self._lock:
             return [replace(i) for i in self._incidents]
 
@@ -371,7 +395,14 @@ class HealthMonitor:
         return None
 
     def _add(self, incident: Incident) -> None:
+        """A new XID/ECC incident, or a repeat of one: then merged into it and moved last (the latest seen)."""
         with self._lock:
+            same = next((i for i in self._incidents if i.same_cause(incident)), None)
+            if same is not None:
+                self._incidents.remove(same)
+                same.count += 1
+                same.last_seen = incident.time_added
+                incident = same
             self._incidents.append(incident)
         self._changed()
 

@@ -20,7 +20,10 @@ Metrics (gauges unless noted), per whole GPU and per MIG device that exists:
   driver last loaded, so a driver reload looks like a counter reset); GPUs only.
 - ``dra_driver_gpu_xid_errors_total{xid}`` (counter): XID errors reported through `GpuCollector.record_xid`
   since this process started, labelled with the claim that held the device when the XID happened. The node
-  daemon feeds it from `HealthMonitor.on_xid`: every XID event, ignored XIDs included.
+  daemon feeds it from `HealthMonitor.on_xid`: every XID event, ignored XIDs included. A series labelled with a
+  claim lasts as long as that claim is in the plugin's checkpoint (prepared on this node): once it is unprepared,
+  the series goes, so that the series never outnumber the live claims' (a series ending is a counter's end to
+  Prometheus). Series of devices no claim held stay: there are only so many devices and XIDs.
 
 A reading NVML does not support on a device (``NOT_SUPPORTED``, ``FUNCTION_NOT_FOUND``) is left out; any other
 NVML error makes the whole GPU ``up 0`` for that scrape. A scrape never fails because of one GPU.
@@ -72,6 +75,13 @@ class _Holder:
     claim: str = ""
     namespace: str = ""
     pod: str = ""
+    uids: frozenset[str] = frozenset()  # the claims' checkpoint keys: their XID series live as long as they do
+
+
+@dataclass
+class _XidSeries:
+    count: int
+    uids: frozenset[str]  # the claims it is labelled with; none: the device was not held
 
 
 class _Families:
@@ -125,24 +135,26 @@ class GpuCollector(Collector):
         self.driver = driver
         self.pod_of: PodOf = pod_of or no_pod
         self._lock = threading.Lock()
-        self._xids: dict[tuple[str, ...], int] = {}
+        self._xids: dict[tuple[str, ...], _XidSeries] = {}  # by its labels' values
 
     # ----- attribution ------------------------------------------------------------------------------------
-    def _holders(self) -> tuple[dict[str, _Holder], dict[str, tuple[str, str]]]:
-        """Device name -> the claims holding it; MIG UUID -> (device name, parent UUID), from the checkpoint."""
-        by_device: dict[str, list[tuple[str, str]]] = {}
+    def _holders(self) -> tuple[dict[str, _Holder], dict[str, tuple[str, str]], frozenset[str]]:
+        """Device name -> the claims holding it; MIG UUID -> (device name, parent UUID); the UIDs of every claim
+        prepared here. All from one read of the checkpoint, the one record of which claims live on this node."""
+        by_device: dict[str, list[tuple[str, str, str]]] = {}
         mig_names: dict[str, tuple[str, str]] = {}
         checkpoint = getattr(self.driver, "checkpoint", None)
         entries = list(checkpoint.claims.values()) if checkpoint is not None else []
         for entry in entries:
             for d in entry.devices:
-                by_device.setdefault(d.device, []).append((entry.namespace, entry.name))
+                by_device.setdefault(d.device, []).append((entry.namespace, entry.name, entry.uid))
                 if d.mig is not None:
                     mig_names[d.mig.uuid] = (d.device, d.mig.parent_uuid)
-        return {device: self._holder(claims) for device, claims in by_device.items()}, mig_names
+        live = frozenset(entry.uid for entry in entries)
+        return {device: self._holder(claims) for device, claims in by_device.items()}, mig_names, live
 
-    def _holder(self, claims: list[tuple[str, str]]) -> _Holder:
-        unique = sorted(set(claims))
+    def _holder(self, held_by: list[tuple[str, str, str]]) -> _Holder:
+        unique = sorted({(namespace, name) for namespace, name, _ in held_by})
         pods: list[str] = []
         for namespace, name in unique:
             try:
@@ -156,6 +168,7 @@ class GpuCollector(Collector):
             claim=",".join(name for _, name in unique),
             namespace=",".join(sorted({namespace for namespace, _ in unique})),
             pod=",".join(pods),
+            uids=frozenset(uid for _, _, uid in held_by),
         )
 
     @staticmethod
@@ -167,7 +180,7 @@ class GpuCollector(Collector):
     def record_xid(self, gpu_uuid: str, xid: int) -> None:
         """An XID error happened on a GPU (or MIG device, by its MIG UUID). Counted under the claim holding the
         device now, so that a later claim on the same device does not inherit it."""
-        holders, mig_names = self._holders()
+        holders, mig_names, live = self._holders()
         inventory = self.driver.inventory
         gpu = inventory.gpu_by_uuid(gpu_uuid)
         if gpu is not None:
@@ -178,9 +191,20 @@ class GpuCollector(Collector):
             product = parent.product_name if parent is not None else ""
         else:  # a MIG device no claim of this driver carved: named from its placement, as when scraped
             device, product = self._unclaimed_mig(gpu_uuid, mig_names)
-        key = (*self._labels(device, gpu_uuid, product, holders.get(device)), str(xid))
+        holder = holders.get(device) or _Holder()
+        key = (*self._labels(device, gpu_uuid, product, holder), str(xid))
         with self._lock:
-            self._xids[key] = self._xids.get(key, 0) + 1
+            # pruned here too, not only when scraped: a node nobody scrapes must not keep every claim's series
+            self._prune(live)
+            series = self._xids.setdefault(key, _XidSeries(0, holder.uids))
+            series.count += 1
+            series.uids = holder.uids  # the labels' claims now (a claim recreated under its old name: its new UID)
+
+    def _prune(self, live: frozenset[str]) -> None:
+        """Drop the XID series of claims no longer prepared here (called with the lock held)."""
+        gone = [key for key, series in self._xids.items() if not series.uids <= live]
+        for key in gone:
+            del self._xids[key]
 
     def _unclaimed_mig(self, mig_uuid: str, mig_names: dict[str, tuple[str, str]]) -> tuple[str, str]:
         """(device name, product) of a MIG device by its UUID, through NVML; ("", "") when it cannot be found."""
@@ -207,15 +231,18 @@ class GpuCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = _Families()
+        live: frozenset[str] | None
         try:
-            holders, mig_names = self._holders()
+            holders, mig_names, live = self._holders()
         except Exception:  # never fail the scrape
             log.exception("reading the checkpoint for GPU metrics failed")
-            holders, mig_names = {}, {}
+            holders, mig_names, live = {}, {}, None
         for gpu in list(self.driver.inventory.gpus):
             self._collect_gpu(families, gpu, holders, mig_names)
         with self._lock:
-            xids = dict(self._xids)
+            if live is not None:  # an unreadable checkpoint says nothing of which claims are gone
+                self._prune(live)
+            xids = {key: series.count for key, series in self._xids.items()}
         for key, count in sorted(xids.items()):
             families.xid.add_metric(list(key), count)
         yield from families.all()

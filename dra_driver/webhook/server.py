@@ -1,7 +1,9 @@
-"""The webhook's HTTPS server (stdlib http.server + ssl, a thread per connection).
+"""The webhook's HTTPS server (a `BoundedHTTPServer` with TLS: a thread per connection, their number, pace and
+size bounded, see dra_driver.httpserver).
 
 - ``POST /validate-resource-claim-parameters``: an AdmissionReview v1 (JSON) in, its response out (review.py).
-  A body that is no AdmissionReview is a 400; a failure of our own a 500: the API server then applies the
+  A body that is no AdmissionReview (or no JSON, or JSON that Python's parser refuses, such as an integer of more
+  than 4300 digits) is a 400; a failure of our own a 500: the API server then applies the
   webhook's failurePolicy.
 - ``GET /healthz``: 200 once the certificate is loaded (the readiness probe).
 - ``GET /metrics``: Prometheus text (metrics.py).
@@ -16,16 +18,15 @@ import json
 import logging
 import signal
 import socket
-import socketserver
 import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from dra_driver.httpserver import BoundedHandler, BoundedHTTPServer, Limits
 from dra_driver.webhook.metrics import RESULT_ERROR, UNKNOWN_KIND, WebhookMetrics
 from dra_driver.webhook.review import MalformedReview, judge
 from dra_driver.webhook.tls import ReloadingContext
@@ -38,30 +39,20 @@ METRICS_PATH: Final = "/metrics"
 DEFAULT_PORT: Final = 8443
 # The API server takes request bodies of up to 3 MB, and an UPDATE's review carries the object and the old object.
 MAX_BODY: Final = 6 * 1024 * 1024
-REQUEST_TIMEOUT_S: Final = 10.0  # the handshake, then one request once its first line is in (the API server's
-# timeoutSeconds is 10 by default, 30 at most: a request still arriving after that is answered to nobody)
-IDLE_TIMEOUT_S: Final = 60.0  # a kept-alive connection waiting for its next request
-MAX_CONNECTIONS: Final = 64  # beyond this a new connection is closed at once: memory stays bounded
+# The handshake, then each request from its first byte to its body's last (the API server's timeoutSeconds is 10 by
+# default, 30 at most: a request still arriving after that is answered to nobody); 60 s for a kept-alive connection
+# to send its next; 64 connections (at most 6 MB of body each), 32 from one address (each API server has its own).
+LIMITS: Final = Limits(max_connections=64, max_per_peer=32, request_timeout_s=10.0, idle_timeout_s=60.0)
 SHUTDOWN_GRACE_S: Final = 5.0  # after SIGTERM: time for the Service to drop this pod before it stops answering
-_READ_CHUNK: Final = 64 * 1024
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: _HttpsServer
-    protocol_version = "HTTP/1.1"  # keep-alive: the API server sends many reviews over one connection
     server_version = "dra-driver-webhook"
     sys_version = ""
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.client_address[0], *args)
-
-    def handle_one_request(self) -> None:
-        self.connection.settimeout(IDLE_TIMEOUT_S)
-        super().handle_one_request()
-
-    def parse_request(self) -> bool:
-        self.connection.settimeout(REQUEST_TIMEOUT_S)  # the request line is in: the rest must follow promptly
-        return super().parse_request()
 
     def _reply(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)
@@ -100,12 +91,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(415, f"Content-Type {content_type or '(none)'}: expected application/json")
             return
         try:
-            verdict = judge(json.loads(body), self.server.driver)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, MalformedReview) as e:
+            # ValueError: not JSON, or JSON Python's parser refuses (an integer of more than 4300 digits)
+            verdict = judge(_parse(body), self.server.driver)
+        except MalformedReview as e:
             self.server.metrics.reviewed(UNKNOWN_KIND, RESULT_ERROR)
-            message = str(e) if isinstance(e, MalformedReview) else f"the body is not JSON: {e}"
-            log.warning("bad review from %s: %s", self.client_address[0], message)
-            self._error(400, message)
+            log.warning("bad review from %s: %s", self.client_address[0], e)
+            self._error(400, str(e))
             return
         except Exception:  # a bug of ours: the API server applies failurePolicy
             self.server.metrics.reviewed(UNKNOWN_KIND, RESULT_ERROR)
@@ -132,71 +123,39 @@ class _Handler(BaseHTTPRequestHandler):
             declared = self.headers["Content-Length"]
             self._error(413, f"the body must be 0 to {MAX_BODY} bytes, not {declared}", close=True)
             return None
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S  # for the whole body, not each read: no slow drip
-        chunks: list[bytes] = []
-        remaining = length
-        while remaining:
-            left = deadline - time.monotonic()
-            try:
-                if left <= 0:
-                    raise TimeoutError
-                self.connection.settimeout(left)
-                chunk = self.rfile.read1(min(remaining, _READ_CHUNK))
-            except TimeoutError:
-                self._error(408, f"the body did not arrive within {REQUEST_TIMEOUT_S:g} s", close=True)
-                return None
-            if not chunk:
-                self.close_connection = True  # the client went away mid-body: nobody to answer
-                return None
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
+        try:
+            return self.read_body(length)  # by the request's deadline: no slow drip
+        except TimeoutError:
+            timeout = self.server.limits.request_timeout_s
+            self._error(408, f"the request did not arrive within {timeout:g} s", close=True)
+        except OSError:
+            self.close_connection = True  # the client went away mid-body: nobody to answer
+        return None
 
 
-class _HttpsServer(ThreadingHTTPServer):
-    daemon_threads = True  # a kept-alive idle connection must not hold up the process's exit
+def _parse(body: bytes) -> Any:
+    """The body as JSON; MalformedReview saying why not (ValueError covers what Python's parser refuses beyond
+    JSON's grammar: integers of more than 4300 digits)."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise MalformedReview(f"the body is not JSON this webhook can read: {e}") from None
 
-    def __init__(self, address: tuple[str, int], tls: ReloadingContext, driver: str, metrics: WebhookMetrics) -> None:
+
+class _HttpsServer(BoundedHTTPServer):
+    def __init__(
+        self, address: tuple[str, int], tls: ReloadingContext, driver: str, metrics: WebhookMetrics, limits: Limits
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.tls, self.driver, self.metrics = tls, driver, metrics
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, limits)
 
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)  # not HTTPServer's: its getfqdn() is a DNS lookup at start
-        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.warning("%d connections open: closing the one from %s", MAX_CONNECTIONS, client_address[0])
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(REQUEST_TIMEOUT_S)
-        try:
-            conn = self.tls.current().wrap_socket(request, server_side=True)
+    def wrap(self, request: socket.socket) -> socket.socket | None:
+        try:  # in the connection's thread, by the request timeout set on it
+            return self.tls.current().wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError) as e:  # a port scan, a client that does not trust us, a stalled handshake
-            log.debug("TLS handshake with %s failed: %s", client_address[0], e)
-            return
-        try:
-            _Handler(conn, client_address, self)
-        finally:
-            conn.close()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+            log.debug("TLS handshake failed: %s", e)
+            return None
 
 
 class WebhookServer:
@@ -211,9 +170,10 @@ class WebhookServer:
         address: str = "0.0.0.0",
         port: int = DEFAULT_PORT,
         registry: CollectorRegistry | None = None,
+        limits: Limits = LIMITS,
     ) -> None:
         tls = ReloadingContext(cert, key)
-        self._server = _HttpsServer((address, port), tls, driver, WebhookMetrics.for_registry(registry))
+        self._server = _HttpsServer((address, port), tls, driver, WebhookMetrics.for_registry(registry), limits)
         self._thread: threading.Thread | None = None
 
     @property
