@@ -39,6 +39,7 @@ from dra_driver.plugin.grpc.resource_health import DeviceHealthSource, DeviceSta
 from dra_driver.plugin.grpc.server import PluginServer
 from dra_driver.sharing.mps_deployment import from_environment as mps_from_environment
 from dra_driver.slices.devices import NumaNodeForm
+from dra_driver.slices.limits import newer_than_known
 
 if TYPE_CHECKING:  # imported when the daemon serves (_run_served), not before
     from dra_driver.api.slice import DeviceTaint, ResourceSlice
@@ -167,6 +168,9 @@ def _run_served(
 
     settings = options.settings
     version = options.k8s_version or api.version(timeout=API_TIMEOUT_SECONDS)
+    newer = newer_than_known(version)
+    if newer is not None:
+        log.warning("%s", newer)
     check_numa_form(options.numa_form, version)  # a version without list attributes: stop here, not at every publish
     # Per-GPU and per-MIG telemetry on the metrics endpoint; `pod` from the claims' status.reservedFor.
     pods = ReservedPods(KubeClaimSource(api, request_timeout=POD_LOOKUP_TIMEOUT_SECONDS).get_claim)

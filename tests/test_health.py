@@ -287,6 +287,10 @@ def test_informational_taints_are_dropped_before_1_35(node: Node) -> None:
     assert "gpu-0" in h.monitor.taints()
     assert publishable(h.monitor.taints(), "1.34") == {}
     assert publishable(h.monitor.taints(), "1.35") == h.monitor.taints()
+    # a version with its patch (an operator's --k8s-version) is its minor, not its last number; a newer minor keeps
+    # them too
+    assert publishable(h.monitor.taints(), "v1.37.2") == h.monitor.taints()
+    assert publishable(h.monitor.taints(), "1.38") == h.monitor.taints()
     build_slices(
         d.inventory, node_name=NODE, driver=DRIVER, k8s_version="1.34", taints=publishable(h.monitor.taints(), "1.34")
     )

@@ -420,10 +420,25 @@ def test_version_parsing(version: str, minor: int) -> None:
     assert limits_for(version).minor == minor
 
 
-@pytest.mark.parametrize("bad", ["1.33", "1.38", "2.0", "latest"])
+@pytest.mark.parametrize("bad", ["1.33", "2.0", "latest"])
 def test_unsupported_versions_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match=r"not supported|invalid Kubernetes version"):
         limits_for(bad)
+
+
+@pytest.mark.parametrize("newer", ["1.38", "v1.38.0", "1.39.0-alpha.1"])
+def test_a_minor_newer_than_known_gets_the_newest_layout_with_one_line_saying_so(sim_factory, newer: str) -> None:
+    from dra_driver.slices.limits import MAX_MINOR, newer_than_known
+
+    assert limits_for(newer) == limits_for(f"1.{MAX_MINOR}")
+    inv = _inventory(sim_factory, "dgx-h100")
+    for mode in (PublishMode.STATIC, PublishMode.PARTITIONABLE):
+        got = build_slices(inv, node_name="n", mode=mode, k8s_version=newer)
+        assert got == build_slices(inv, node_name="n", mode=mode, k8s_version=f"1.{MAX_MINOR}")
+    line = newer_than_known(newer)
+    assert line is not None and f"is newer than this driver knows (1.34..1.{MAX_MINOR})" in line
+    assert f"publishing the 1.{MAX_MINOR} layout" in line
+    assert newer_than_known(f"v1.{MAX_MINOR}.2") is None
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,7 @@ from dra_driver.api.slice import DeviceTaint
 from dra_driver.nvml.api import NvmlLibrary, as_text, describe, error_code
 from dra_driver.nvml.inventory import GpuInfo, Inventory
 from dra_driver.plugin.catalog import CatalogEntry, conflicts
+from dra_driver.slices.limits import limits_for
 from dra_driver.slices.naming import gpu_device_name
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class Incident:
 
 def publishable(taints: Mapping[str, list[DeviceTaint]], k8s_version: str | int) -> dict[str, list[DeviceTaint]]:
     """The taints a server of this version accepts: effect None only from 1.35."""
-    minor = int(str(k8s_version).split(".")[-1])
+    minor = limits_for(k8s_version).minor  # "v1.37.2" is 37 (its last number is the patch)
     out: dict[str, list[DeviceTaint]] = {}
     for name, ts in taints.items():
         kept = [t for t in ts if t.effect != "None" or minor >= INFORMATIONAL_EFFECT_MINOR]

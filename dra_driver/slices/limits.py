@@ -74,20 +74,39 @@ _VERSION_RE = re.compile(r"^v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?\Z")
 
 
 def parse_minor(version: str) -> int:
-    """`1.35`, `v1.35.2` or `1.35.0-rc.1` -> 35; a clear error outside the supported range."""
+    """`1.35`, `v1.35.2` or `1.35.0-rc.1` -> 35, as the version says (a minor newer than this driver knows
+    included: `layout_minor`); a clear error for an older one or no version at all."""
     m = _VERSION_RE.match(version.strip())
     if not m:
         raise ValueError(f"invalid Kubernetes version {version!r}: expected 1.<minor>[.<patch>]")
     minor = int(m.group(1))
-    if not MIN_MINOR <= minor <= MAX_MINOR:
+    if minor < MIN_MINOR:
         raise ValueError(
-            f"Kubernetes 1.{minor} is not supported: resource.k8s.io/v1 slices need 1.{MIN_MINOR}..1.{MAX_MINOR}"
+            f"Kubernetes 1.{minor} is not supported: resource.k8s.io/v1 slices need 1.{MIN_MINOR} or newer"
         )
     return minor
 
 
-def limits_for(version: str | int) -> SliceLimits:
+def layout_minor(version: str | int) -> int:
+    """The minor whose layout and limits this driver publishes for `version`: a minor newer than it knows gets the
+    newest it knows (Kubernetes keeps what a minor served: its slices stay valid on the next), not a refusal."""
     minor = version if isinstance(version, int) else parse_minor(version)
-    if minor not in _LIMITS:
-        raise ValueError(f"Kubernetes 1.{minor} is not supported (1.{MIN_MINOR}..1.{MAX_MINOR})")
-    return _LIMITS[minor]
+    if minor < MIN_MINOR:
+        raise ValueError(f"Kubernetes 1.{minor} is not supported (1.{MIN_MINOR} or newer)")
+    return min(minor, MAX_MINOR)
+
+
+def newer_than_known(version: str | int) -> str | None:
+    """The one line to log when `version` is newer than this driver knows (None when it is not)."""
+    minor = version if isinstance(version, int) else parse_minor(version)
+    if minor <= MAX_MINOR:
+        return None
+    return (
+        f"Kubernetes 1.{minor} is newer than this driver knows (1.{MIN_MINOR}..1.{MAX_MINOR}): publishing the "
+        f"1.{MAX_MINOR} layout and limits, which 1.{minor} serves; a driver release that knows 1.{minor} may "
+        "publish more"
+    )
+
+
+def limits_for(version: str | int) -> SliceLimits:
+    return _LIMITS[layout_minor(version)]
