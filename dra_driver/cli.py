@@ -52,7 +52,9 @@ def _add_nvml_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_slice_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k8s-version", default="1.35", help="target Kubernetes version (1.34..1.37; a newer one gets 1.37's layout)")
+    p.add_argument(
+        "--k8s-version", default="1.35", help="target Kubernetes version (1.34..1.37; a newer one gets 1.37's layout)"
+    )
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname())
     p.add_argument("--driver", default=DEFAULT_DRIVER_NAME, help="driver name (a DNS subdomain)")
     p.add_argument(

@@ -38,7 +38,7 @@ from dra_driver.simulator.libnvml import (
 from dra_driver.simulator.libnvml.build import SOURCE_DIR
 from dra_driver.simulator.libnvml.handlers import FUNCTIONS
 from dra_driver.simulator.libnvml.server import Server, Session
-from dra_driver.simulator.libnvml.view import VIEW_FUNCTION
+from dra_driver.simulator.libnvml.view import ContainerView
 from dra_driver.simulator.libnvml.wire import request_bytes
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
@@ -196,9 +196,8 @@ def test_c_conventions(tmp_path: Path) -> None:
 
 
 def test_wire_format_errors_are_answered_not_fatal(tmp_path: Path) -> None:
-    server = Server.__new__(Server)  # dispatch alone: no socket, no process
-    server.sim = SimulatedNvml("mixed", tmp_path / "m")
-    server.sim.nvmlInit()
+    SimulatedNvml("mixed", tmp_path / "m")
+    server = Server(tmp_path / "m", 60.0)  # dispatch alone: no socket listens, no process
     body = request_bytes("nvmlDeviceGetCount", "o8", b"\x01")[4:]  # the library's "o4" is the server's format
     assert int.from_bytes(server.dispatch(body)[:4], "little", signed=True) == pynvml.NVML_ERROR_UNKNOWN
     body = request_bytes("nvmlDeviceGetNotAThing", "o4", b"\x01")[4:]
@@ -471,6 +470,7 @@ def test_a_thread_waiting_for_events_holds_up_no_other(tmp_path: Path) -> None:
 def _ask(server: Server, session: Session, name: str, fmt: str, fields: bytes) -> tuple[int, list[bytes | None]]:
     """One call on a connection: the return code and each output's bytes (None: not written)."""
     answer = server.dispatch(request_bytes(name, fmt, fields)[4:], session)
+    assert answer is not None
     code, n = struct.unpack_from("<iH", answer)
     outputs: list[bytes | None] = []
     off = 6
@@ -492,10 +492,10 @@ def _u64(data: bytes | None) -> int:
 
 
 def test_a_containers_view_shows_only_its_devices(tmp_path: Path) -> None:
-    """What the server answers on a connection that opened with a container's device nodes (view.py)."""
-    server = Server.__new__(Server)  # dispatch alone
-    server.sim = sim = SimulatedNvml("dgx-h100", tmp_path / "m")
+    """What the server answers on a container's connection, given the device nodes it found there (view.py)."""
+    sim = SimulatedNvml("dgx-h100", tmp_path / "m")
     sim.nvmlInit()
+    server = Server(sim.state_dir, 60.0)  # dispatch alone
     dev = sim.nvmlDeviceGetHandleByIndex(2)
     sim.nvmlDeviceSetMigMode(dev, 1)
     gi = create_gi(sim, dev, 9, 4, 4)
@@ -504,12 +504,10 @@ def test_a_containers_view_shows_only_its_devices(tmp_path: Path) -> None:
     gi_id = sim.nvmlGpuInstanceGetInfo(gi).id
     caps = [gi_cap_minor(sim.minors[2], gi_id), ci_cap_minor(sim.minors[2], gi_id, 0)]
 
-    def session(view: str) -> Session:
-        s = Session()
-        assert _ask(server, s, VIEW_FUNCTION, "s", _text_field(view)) == (SUCCESS, [])
-        return s
+    def session(gpus: set[int], caps: set[int]) -> Session:
+        return Session(container=True, view=ContainerView(frozenset(gpus), frozenset(caps)))
 
-    host, ctr = Session(), session(f"gpus=2,6 caps={caps[0]},{caps[1]}")
+    host, ctr = Session(), session({2, 6}, set(caps))
     assert _ask(server, host, "nvmlDeviceGetCount", "o4", b"\x01") == (SUCCESS, [struct.pack("<I", 8)])
     assert _ask(server, ctr, "nvmlDeviceGetCount", "o4", b"\x01") == (SUCCESS, [struct.pack("<I", 2)])
     code, (handle,) = _ask(server, ctr, "nvmlDeviceGetHandleByIndex", "u o8", struct.pack("<I", 1) + b"\x01")
@@ -539,7 +537,7 @@ def test_a_containers_view_shows_only_its_devices(tmp_path: Path) -> None:
     assert _ask(server, ctr, "nvmlDeviceCreateGpuInstanceWithPlacement", "h u B8 o8", create)[0] == NO_PERMISSION
     assert _ask(server, ctr, "nvmlDeviceSetMigMode", "h u o4", parent + b"\0\0\0\0\x01")[0] == NO_PERMISSION
     # With the mig/config capability (minor 1) a container may make instances; mig/monitor (2) shows them all.
-    admin = session(f"gpus=2 caps=1,2,{caps[0]},{caps[1]}")
+    admin = session({2}, {1, 2, *caps})
     code, _ = _ask(server, admin, "nvmlDeviceCreateGpuInstanceWithPlacement", "h u B8 o8", create)
     assert code == SUCCESS
     both = _ask(server, admin, "nvmlDeviceGetMigDeviceHandleByIndex", "h u o8", parent + b"\x01\0\0\0\x01")
@@ -565,13 +563,15 @@ def test_the_simulated_persistenced_relays_to_the_server(tmp_path: Path) -> None
         # connect(): a pytest tmp path can be longer than sun_path; reached through its directory, as the library does
         with connect(persistenced_socket(sim.state_dir)) as conn:
             for frame in (
-                request_bytes(VIEW_FUNCTION, "s", _text_field("gpus=3 caps=")),
+                request_bytes("simnvmlHello", "s", _text_field("client=0123456789abcdef gpus=3 caps=")),
                 request_bytes("nvmlDeviceGetCount", "o4", b"\x01"),
             ):
                 conn.sendall(frame)
                 size = struct.unpack("<I", conn.recv(4, socket.MSG_WAITALL))[0]
                 answer = conn.recv(size, socket.MSG_WAITALL)
-            assert answer == struct.pack("<iHi", SUCCESS, 1, 4) + struct.pack("<I", 1)
+            # A container's: this process's /dev has no GPU's node (the view is what it has, not what it says).
+            nodes = [n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)]
+            assert answer == struct.pack("<iHi", SUCCESS, 1, 4) + struct.pack("<I", len(nodes))
         assert (sim.state_dir / LOG_NAME).read_text().count(" serving ") == 1
     finally:
         sim.stop_persistenced()

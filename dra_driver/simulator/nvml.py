@@ -112,11 +112,12 @@ def handle_ids(address: int) -> tuple[int, int, int, int]:
     return address >> 40, (address >> 24) & 0xFFFF, (address >> 12) & 0xFFF, address & 0xFFF
 
 
-KIND_DEVICE, KIND_GPU_INSTANCE, KIND_COMPUTE_INSTANCE, KIND_MIG_DEVICE = (
+KIND_DEVICE, KIND_GPU_INSTANCE, KIND_COMPUTE_INSTANCE, KIND_MIG_DEVICE, KIND_EVENT_SET = (
     _KIND_DEVICE,
     _KIND_GPU_INSTANCE,
     _KIND_COMPUTE_INSTANCE,
     _KIND_MIG_DEVICE,
+    _KIND_EVENT_SET,
 )
 
 

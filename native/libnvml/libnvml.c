@@ -14,9 +14,13 @@
  * In a container: a copy of the library that finds neither (a CDI spec bind-mounted it, with the rest of the driver
  * root, into the container) reaches its machine through /run/nvidia-persistenced/socket, the driver root's
  * persistenced socket that the CDI spec mounts there, on which the machine's simulated nvidia-persistenced
- * (dra_driver.simulator.libnvml.persistenced) relays to the server. Each connection opens with the device nodes
- * this process sees (/dev/nvidia<minor>, /dev/nvidia-caps/nvidia-cap<minor>): the server then answers as NVML does
- * in a container, with only those GPUs and MIG devices.
+ * (dra_driver.simulator.libnvml.persistenced) hands each connection to the server. The server answers as NVML does
+ * in a container, with only the GPUs and MIG devices whose nodes (/dev/nvidia<minor>,
+ * /dev/nvidia-caps/nvidia-cap<minor>) the connecting process has: it looks into this process's mount namespace itself,
+ * or, where it cannot see this process (another pid namespace), takes the nodes this library passes it open.
+ *
+ * Every connection opens with a hello naming this process by a random token: the server lets only this process's
+ * connections use the event sets it makes.
  *
  * Per process: nvmlInit and nvmlShutdown count references here; connections are pooled (one per concurrent call, so
  * that a thread waiting in nvmlEventSetWait holds up no other) and closed at the last nvmlShutdown; a forked child
@@ -37,12 +41,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "libnvml.h"
@@ -55,8 +62,9 @@
 #define DEBUG_ENV "DRA_DRIVER_LIBNVML_DEBUG"
 #define STUB_LOG_ENV "DRA_DRIVER_LIBNVML_STUB_LOG" /* a file: every call of an unmodelled function, a line */
 #define PERSISTENCED_SOCKET "/run/nvidia-persistenced/socket" /* where a CDI spec mounts the driver root's socket */
-#define VIEW_FUNCTION "simnvmlContainerView" /* a connection's first request in a container: not an NVML function */
-#define VIEW_TIMEOUT_S 130       /* the relay may have to start the server (READY_TIMEOUT_MS) before it answers */
+#define HELLO_FUNCTION "simnvmlHello" /* a connection's first request (server.py): not an NVML function */
+#define HELLO_TIMEOUT_S 130      /* the persistenced may have to start the server (READY_TIMEOUT_MS) first */
+#define MAX_NODE_FDS 250         /* a container's device nodes passed with its hello: under SCM_MAX_FD (253) */
 #define SERVER_MODULE "dra_driver.simulator.libnvml.server"
 #define MAX_ANCESTORS 8           /* how far up from the library the state directory may lie */
 #define READY_TIMEOUT_MS 120000   /* a cold Python start on a loaded machine */
@@ -73,6 +81,7 @@ static unsigned int g_refcount;
 static char g_state[PATH_MAX]; /* the state directory; "" until found */
 static int g_container;        /* no state directory: the machine is reached through PERSISTENCED_SOCKET */
 static char g_view[2048];      /* in a container: the device nodes it has, "gpus=<minors> caps=<minors>" */
+static char g_client[33];      /* this process's random token, hex: its connections share its event sets */
 static int g_state_fd = -1;    /* O_PATH of it: reaches a socket whose path is too long for sun_path */
 static int g_pool[POOL_MAX];
 static int g_pool_n;
@@ -103,7 +112,41 @@ static void atfork_child(void)
     g_pool_n = 0;
     pthread_mutex_unlock(&g_pool_lock);
 }
-static void once_init(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+/* 128 random bits: another process cannot guess them, so cannot use this one's event sets. */
+static void make_token(void)
+{
+    unsigned char raw[16];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got < sizeof raw) { /* no getrandom (an old kernel): /dev/urandom, else the clock and pid */
+        int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, raw, sizeof raw) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (n != (ssize_t)sizeof raw) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t mix[2] = {(uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32), (uint64_t)ts.tv_sec};
+            memcpy(raw, mix, sizeof raw);
+        }
+    }
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(g_client + 2 * i, 3, "%02x", raw[i]);
+}
+
+static void once_init(void)
+{
+    make_token();
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
 
 static void pool_put(int fd)
 {
@@ -231,8 +274,10 @@ static void find_view(void)
 }
 
 /* ----- reaching and starting the server ---------------------------------------------------------------------- */
-static int send_view(int fd);
+static int send_hello(int fd);
 
+/* A connection with its hello answered; -1 when nobody listens, -2 when someone does but the hello got no answer
+ * (a server at its limits, one leaving, the persistenced finding no server): no new server is started for that. */
 static int try_connect(void)
 {
     struct sockaddr_un sa;
@@ -256,9 +301,9 @@ static int try_connect(void)
         close(fd);
         return -1;
     }
-    if (g_container && send_view(fd) != 0) {
+    if (send_hello(fd) != 0) {
         close(fd);
-        return -1;
+        return -2;
     }
     return fd;
 }
@@ -429,10 +474,10 @@ static int get_connection(int *pooled)
     if (fd >= 0)
         return fd;
     fd = try_connect();
-    if (fd >= 0)
+    if (fd != -1)
         return fd;
     if (g_container) { /* nothing to start here: the host's simulated nvidia-persistenced starts the server */
-        for (int attempt = 0; fd < 0 && attempt < 2; attempt++) { /* a server that left as the relay reached it */
+        for (int attempt = 0; fd == -1 && attempt < 2; attempt++) { /* a server that left as it was reached */
             usleep(50000);
             fd = try_connect();
         }
@@ -443,7 +488,7 @@ static int get_connection(int *pooled)
     }
     int lock = lock_start(); /* the server takes it too before it leaves: no start races a stop */
     fd = try_connect();
-    if (fd < 0 && spawn_server() == 0)
+    if (fd == -1 && spawn_server() == 0)
         fd = try_connect();
     if (lock >= 0)
         close(lock);
@@ -520,11 +565,45 @@ typedef struct {
     size_t size; /* the most bytes the caller's buffer holds */
 } out_t;
 
-/* One round trip; returns the server's code, or -1 when the connection failed before any answer arrived. */
-static int round_trip(int fd, const buf_t *req, unsigned char **resp, uint32_t *resp_len, size_t *got)
+/* A request frame, with `fds` (SCM_RIGHTS) on its first byte. */
+static int send_frame(int fd, const buf_t *req, const int *fds, int n_fds)
 {
+    unsigned char head[4];
     uint32_t len = (uint32_t)req->len;
-    if (write_all(fd, (const unsigned char *)&len, 4) != 0 || write_all(fd, req->data, req->len) != 0)
+    memcpy(head, &len, 4);
+    if (n_fds <= 0)
+        return write_all(fd, head, 4) != 0 || write_all(fd, req->data, req->len) != 0 ? -1 : 0;
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * MAX_NODE_FDS)];
+    } control;
+    memset(&control, 0, sizeof control);
+    struct iovec iov[2] = {{head, 4}, {req->data, req->len}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = control.buf,
+                         .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n_fds)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n_fds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)n_fds);
+    ssize_t w;
+    do
+        w = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    if (w <= 0)
+        return -1;
+    size_t sent = (size_t)w; /* the rest plainly, if the socket took only part: the descriptors went with byte 0 */
+    if (sent < 4 && write_all(fd, head + sent, 4 - sent) != 0)
+        return -1;
+    size_t body = sent < 4 ? 0 : sent - 4;
+    return write_all(fd, req->data + body, req->len - body);
+}
+
+/* One round trip; returns the server's code, or -1 when the connection failed before any answer arrived. */
+static int round_trip(int fd, const buf_t *req, const int *fds, int n_fds, unsigned char **resp, uint32_t *resp_len,
+                      size_t *got)
+{
+    if (send_frame(fd, req, fds, n_fds) != 0)
         return -1;
     if (read_all(fd, (unsigned char *)resp_len, 4, got) != 0 || *resp_len < 6 || *resp_len > MAX_MESSAGE)
         return -1;
@@ -563,34 +642,71 @@ static nvmlReturn_t apply(const unsigned char *resp, uint32_t resp_len, out_t *o
     return (nvmlReturn_t)rc;
 }
 
-/* A container's connection opens with its view: the server answers every later call on it as NVML does in such a
- * container. 0 when the server took it. */
-static int send_view(int fd)
+/* Opens (O_PATH: nothing of the device is touched) the nodes g_view names, at most `max`: the server takes what
+ * each one is (its device number) where it cannot look into this process's mount namespace itself. */
+static int open_nodes(int *fds, int max)
 {
+    int n = 0;
+    const char *p = g_view;
+    const char *gpus = strstr(p, "gpus="), *caps = strstr(p, " caps=");
+    for (int part = 0; part < 2; part++) {
+        const char *at = part == 0 ? gpus : caps;
+        if (at == NULL)
+            continue;
+        at = strchr(at, '=') + 1;
+        const char *dir = part == 0 ? "/dev/nvidia" : "/dev/nvidia-caps/nvidia-cap";
+        while (n < max && *at >= '0' && *at <= '9') {
+            char path[64];
+            size_t digits = strspn(at, "0123456789");
+            if (digits < 12) {
+                snprintf(path, sizeof path, "%s%.*s", dir, (int)digits, at);
+                int fd = open(path, O_PATH | O_CLOEXEC);
+                if (fd >= 0)
+                    fds[n++] = fd;
+            }
+            at += digits;
+            if (*at == ',')
+                at++;
+        }
+    }
+    return n;
+}
+
+/* A connection's first request: this process's token, and in a container the device nodes it has (named in the
+ * text, passed open). 0 when the server took it. */
+static int send_hello(int fd)
+{
+    char text[sizeof g_view + 64];
+    snprintf(text, sizeof text, "client=%s%s%s", g_client, g_container ? " " : "", g_container ? g_view : "");
     buf_t req = {0};
-    size_t name_len = strlen(VIEW_FUNCTION), view_len = strlen(g_view);
+    size_t name_len = strlen(HELLO_FUNCTION), text_len = strlen(text);
     put_u32(&req, PROTOCOL_MAGIC);
     put_u16(&req, (uint16_t)name_len);
-    put(&req, VIEW_FUNCTION, name_len);
+    put(&req, HELLO_FUNCTION, name_len);
     put_u16(&req, 1);
     put(&req, "s", 1);
     put_u8(&req, 1);
-    put_u32(&req, (uint32_t)view_len);
-    put(&req, g_view, view_len);
-    struct timeval tv = {.tv_sec = VIEW_TIMEOUT_S}, none = {0};
+    put_u32(&req, (uint32_t)text_len);
+    put(&req, text, text_len);
+    int fds[MAX_NODE_FDS];
+    int n_fds = g_container ? open_nodes(fds, MAX_NODE_FDS) : 0;
+    struct timeval tv = {.tv_sec = HELLO_TIMEOUT_S}, none = {0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* something else listening there may never answer */
     unsigned char *resp = NULL;
     uint32_t resp_len = 0;
     size_t got = 0;
-    int rc = req.failed ? -1 : round_trip(fd, &req, &resp, &resp_len, &got);
+    int rc = req.failed ? -1 : round_trip(fd, &req, fds, n_fds, &resp, &resp_len, &got);
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+    for (int i = 0; i < n_fds; i++)
+        close(fds[i]);
     int32_t code = -1;
     if (rc == 0)
         memcpy(&code, resp, 4);
     free(resp);
     free(req.data);
     if (code != NVML_SUCCESS)
-        debugf("%s answers no simulated machine (%d)", PERSISTENCED_SOCKET, rc == 0 ? code : -1);
+        debugf("%s answers no simulated machine (%d)", g_container ? PERSISTENCED_SOCKET : SOCK_NAME,
+               rc == 0 ? code : -1);
     return code == NVML_SUCCESS ? 0 : -1;
 }
 
@@ -691,6 +807,10 @@ static nvmlReturn_t forward_va(const char *name, const char *fmt, va_list ap)
     for (int attempt = 0; attempt < 3; attempt++) {
         int pooled;
         int fd = get_connection(&pooled);
+        if (fd == -2 && attempt < 2) { /* answered by nobody: a server at its limits, or leaving */
+            usleep(20000);
+            continue;
+        }
         if (fd < 0) {
             result = NVML_ERROR_DRIVER_NOT_LOADED;
             break;
@@ -698,7 +818,7 @@ static nvmlReturn_t forward_va(const char *name, const char *fmt, va_list ap)
         unsigned char *resp = NULL;
         uint32_t resp_len = 0;
         size_t got = 0;
-        if (round_trip(fd, &req, &resp, &resp_len, &got) != 0) {
+        if (round_trip(fd, &req, NULL, 0, &resp, &resp_len, &got) != 0) {
             free(resp);
             close(fd);
             /* No answer at all: a pooled connection the server closed (it left, or was killed), or a new one a

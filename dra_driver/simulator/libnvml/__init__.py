@@ -13,8 +13,11 @@ the machine the server simulates. Both are written here, by every `SimulatedNvml
     <state>/libnvml-server.log    the server's output
     <state>/libnvml-persistenced.lock, .log   the machine's simulated nvidia-persistenced (persistenced.py): held
                                   while it runs (its pid inside), its output
-    <state>/driver-root/run/nvidia-persistenced/socket   where it listens, relaying to the server: a container's
-                                  library reaches the machine there (the CDI spec mounts it)
+    <state>/driver-root/run/nvidia-persistenced/socket   where it listens, handing each connection to the server:
+                                  a container's library reaches the machine there (the CDI spec mounts it)
+
+Both hold a client to `Limits`: connections at once (in all, and per process), the time a request may take to
+arrive, and the time a connection may stay idle.
 
 Kept light (no pydantic, no pynvml): the simulated nvidia-persistenced imports this package and lives as long as
 the machine.
@@ -22,11 +25,15 @@ the machine.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,12 +53,49 @@ PERSISTENCED_LOG_NAME = "libnvml-persistenced.log"
 PERSISTENCED_SOCKET = "run/nvidia-persistenced/socket"  # in the driver root; a CDI spec mounts it at /<this>
 DRIVER_ROOT_NAME = "driver-root"
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the NUL
+# Requests that are not NVML functions (native/libnvml/libnvml.c sends the first, the simulated nvidia-persistenced
+# the second): a connection's first request, "client=<the calling process's random token>", with a container's
+# device nodes (O_PATH descriptors, SCM_RIGHTS) where the server cannot see the caller's process; and a container's
+# connection handed to the server (its descriptor, SCM_RIGHTS), whose peer the server then asks the kernel about.
+HELLO_FUNCTION = "simnvmlHello"
+HANDOFF_FUNCTION = "simnvmlHandoff"
+MAGIC = 0x314D564E  # "NVM1", a request's first u32 (wire.py)
 _MAX_CANDIDATES = 4
 
 _CONF_HEADER = (
     "# The simulated libnvidia-ml of this machine starts its server (dra_driver.simulator.libnvml.server) with the\n"
     "# first Python below whose interpreter and dra_driver package exist where it runs (docs/simulated-libnvml.md).\n"
 )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client can hold of the server or the simulated nvidia-persistenced: each field is read from
+    $DRA_DRIVER_LIBNVML_<FIELD> where that is set (the tests shorten them)."""
+
+    max_connections: int = 256  # open at once, each with its thread; more are closed as they come
+    max_client_connections: int = 64  # of one process (by its peer credentials); the library pools 16
+    request_s: float = 10.0  # for a whole request to arrive from its first byte, and for an answer to be taken
+    connection_idle_s: float = 300.0  # a connection with no request is closed (the library reconnects)
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        values: dict[str, float | int] = {}
+        for f in fields(cls):
+            text = os.environ.get(f"DRA_DRIVER_LIBNVML_{f.name.upper()}")
+            if text:
+                values[f.name] = float(text) if f.type == "float" else int(text)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of the process that connected `sock` (its peer credentials, from the kernel), as this process's pid
+    namespace numbers it: 0 when that process is not in it (the peer is in a sibling namespace, or gone)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return 0
+    return int(struct.unpack("3i", creds)[0])
 
 
 def _python_candidates(text: str) -> list[tuple[str, str]]:
@@ -147,12 +191,20 @@ def accept_until(
     listener: socket.socket, should_stop: Callable[[], bool], serve: Callable[[socket.socket], None]
 ) -> None:
     """Each connection handed to `serve` (which must not block), until `should_stop` says so (asked once a second
-    while no connection comes)."""
+    while no connection comes, and while connections cannot be taken: out of descriptors, they wait in the
+    backlog)."""
     listener.settimeout(1.0)
     while True:
         try:
             conn, _ = listener.accept()
         except TimeoutError:
+            if should_stop():
+                return
+            continue
+        except OSError as e:  # EMFILE, ENFILE, ENOMEM, ECONNABORTED: not this listener's end
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED):
+                raise
+            time.sleep(0.1)
             if should_stop():
                 return
             continue

@@ -45,17 +45,35 @@ def _set(address: int) -> Any:
     return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlEventSet_t)
 
 
+# An array call is first made with room for this many elements, not the caller's count (any u32: a request could
+# otherwise make the server allocate 32 GiB); more than any NVML array here holds (placements, instances).
+ARRAY_FIRST_TRY = 64
+
+
 def _array(out: ArrayOut, elem: Any, call: Callable[[Any, Any], object]) -> None:
     """Run a pynvml-style array call (`call(array or None, byref(count))`) into `out`: the count goes back to the
-    caller also when the array was too small (NVML_ERROR_INSUFFICIENT_SIZE tells it how many)."""
-    array = (elem * out.count)() if out.array_present else None
-    count = ctypes.c_uint(out.count)
-    try:
-        call(array, ctypes.byref(count))
-    finally:
+    caller also when the array was too small (NVML_ERROR_INSUFFICIENT_SIZE tells it how many). Room is made for
+    what the answer holds, never for the caller's count as such."""
+    room = min(out.count, ARRAY_FIRST_TRY)
+    while True:
+        array = (elem * room)() if out.array_present else None
+        given = room if out.array_present else out.count
+        count = ctypes.c_uint(given)
+        try:
+            call(array, ctypes.byref(count))
+        except pynvml.NVMLError_InsufficientSize:
+            if array is not None and room < count.value <= out.count:
+                room = count.value  # the caller's array holds what is needed: again, with that much room
+                continue
+            out.set_count(count.value)
+            raise
+        except pynvml.NVMLError:
+            out.set_count(out.count if count.value == given else count.value)  # untouched: the caller's
+            raise
         out.set_count(count.value)
-    if array is not None:
-        out.set_items(bytes(array)[: count.value * ctypes.sizeof(elem)])
+        if array is not None:
+            out.set_items(bytes(array)[: count.value * ctypes.sizeof(elem)])
+        return
 
 
 # ----- init and system ---------------------------------------------------------------------------------------------

@@ -3,19 +3,23 @@
 
 A CDI spec made from a simulated driver root bind-mounts the root's `run/nvidia-persistenced/socket` at
 `/run/nvidia-persistenced/socket` (as NVIDIA's does on a real node, where NVML talks to nvidia-persistenced), and
-nothing else of the machine's state directory. This daemon listens on that socket and relays each connection to the
-machine's server (`<state>/libnvml.sock`), starting the server when nobody listens there, as the library does
-(under `<state>/libnvml.lock`): so the server keeps its life on the host (it leaves when idle) and a container's
-library still finds one.
+nothing else of the machine's state directory. This daemon listens on that socket and hands each connection, at its
+first byte, to the machine's server (`<state>/libnvml.sock`) as a descriptor (SCM_RIGHTS), starting the server when
+nobody listens there, as the library does (under `<state>/libnvml.lock`): so the server keeps its life on the host
+(it leaves when idle) and a container's library still finds one. None of a container's bytes pass through here: the
+server reads who is at the other end of the connection from the kernel (its peer credentials), and answers with
+that process's devices only; nothing the container sends can make it the host.
 
 A bind mount holds the socket's inode, which only the process that bound it can serve: the daemon therefore lives
 as long as the machine, as nvidia-persistenced lives as long as a node's driver. It leaves when the state directory is
 gone, when its socket is removed or replaced, or on SIGTERM (`stop`). One per machine: it holds
 `<state>/libnvml-persistenced.lock` (its pid inside) while it runs. Containers started before it hold the inode it
-replaced, which nobody serves (as on a real node they would not see a nvidia-persistenced started after them).
+replaced, which nobody serves (as on a real node they would not see a nvidia-persistenced started after them). It
+holds a connection only until its first byte, for `Limits.request_s` at most, and `Limits.max_connections` of them
+at once.
 
 Started by `start` (what `SimulatedNvml.start_persistenced` and the driver root's `usr/bin/nvidia-persistenced`
-call): detached, it is nobody's child. Light: socket relaying only, no pynvml, no simulator.
+call): detached, it is nobody's child. Light: socket handling only, no pynvml, no simulator.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -37,11 +42,14 @@ from pathlib import Path
 
 import dra_driver
 from dra_driver.simulator.libnvml import (
+    HANDOFF_FUNCTION,
     LOCK_NAME,
     LOG_NAME,
+    MAGIC,
     PERSISTENCED_LOCK_NAME,
     PERSISTENCED_LOG_NAME,
     SOCKET_NAME,
+    Limits,
     accept_until,
     bind_listener,
     connect,
@@ -49,6 +57,10 @@ from dra_driver.simulator.libnvml import (
 )
 
 READY_TIMEOUT_S = 120.0  # a cold Python start on a loaded machine, as the library allows its server
+HANDOFF_TIMEOUT_S = 30.0  # for the server to take a connection and say so
+_HANDOFF = HANDOFF_FUNCTION.encode()
+HANDOFF_FRAME = struct.pack("<IIH", 4 + 2 + len(_HANDOFF) + 2, MAGIC, len(_HANDOFF)) + _HANDOFF + struct.pack("<H", 0)
+_WARN_EVERY_S = 10.0
 _ENV_DROPPED = ("LD_PRELOAD", "PYTHONHOME", "PYTHONPATH", "PYTHONSTARTUP")
 
 log = logging.getLogger("dra_driver.simulator.libnvml.persistenced")
@@ -110,12 +122,17 @@ def _spawn(command: list[str], log_path: Path) -> None:
 
 # ----- the relay ---------------------------------------------------------------------------------------------------
 class Relay:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, limits: Limits | None = None) -> None:
         self.state_dir = state_dir
         self.path = persistenced_socket(state_dir)
         self.server_path = state_dir / SOCKET_NAME
+        self.limits = limits or Limits.from_env()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._inode = 0
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._handoff_lock = threading.Lock()  # one handoff at a time: one connection to the server, one spawn
+        self._warned = 0.0
 
     def listen(self) -> None:
         """Replace whatever inode is at the socket's path (the driver root's stand-in, a dead daemon's socket)."""
@@ -123,10 +140,28 @@ class Relay:
         self._inode = bind_listener(self.listener, self.path, 0o666)  # as the stand-in: any container user may connect
 
     def run(self) -> None:
-        accept_until(self.listener, self._should_stop, self._start_relay)
+        accept_until(self.listener, self._should_stop, self._take)
 
-    def _start_relay(self, conn: socket.socket) -> None:
-        threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+    def _take(self, conn: socket.socket) -> None:
+        with self._lock:
+            full = self._pending >= self.limits.max_connections
+            if not full:
+                self._pending += 1
+        if not full:
+            try:
+                threading.Thread(target=self._hand_over, args=(conn,), daemon=True).start()
+                return
+            except RuntimeError:  # no thread to be had: as full
+                self._done()
+        now = time.monotonic()
+        if now - self._warned > _WARN_EVERY_S:
+            self._warned = now
+            log.warning("refused a connection: %d wait for their first byte", self.limits.max_connections)
+        conn.close()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def _should_stop(self) -> bool:
         if not self.state_dir.is_dir():
@@ -159,31 +194,34 @@ class Relay:
             log.error("no server for %s (see %s)", self.state_dir, self.state_dir / LOG_NAME)
         return sock
 
-    def _relay(self, client: socket.socket) -> None:
-        """Bytes both ways until either side closes; then both close (a caller that got no answer tries again). The
-        server is reached at the first byte: a connection that only checks that someone listens starts none."""
+    def _hand_over(self, client: socket.socket) -> None:
+        """At the client's first byte (one that only checks that someone listens starts no server), hand the
+        connection itself to the server; then it is the server's alone (a client it refuses sees its connection
+        closed, and the library tries again)."""
         try:
-            first = client.recv(1 << 16)
-        except OSError:
-            first = b""
-        server = self._server() if first else None
-        if server is None:
-            client.close()
-            return
-        try:
-            server.sendall(first)
-            while True:
-                readable, _, _ = select.select([client, server], [], [])
-                for src in readable:
-                    data = src.recv(1 << 16)
-                    if not data:
-                        return
-                    (server if src is client else client).sendall(data)
-        except OSError as e:
-            log.debug("relay closed: %s", e)
+            client.settimeout(self.limits.request_s)
+            try:
+                first = client.recv(1, socket.MSG_PEEK)  # left for the server to read
+            except OSError:  # TimeoutError included: a client that says nothing is not held
+                first = b""
+            if not first:
+                return
+            with self._handoff_lock:
+                server = self._server()
+                if server is None:
+                    return
+                with server:
+                    server.settimeout(HANDOFF_TIMEOUT_S)
+                    socket.send_fds(server, [HANDOFF_FRAME], [client.fileno()])
+                    (size,) = struct.unpack("<I", server.recv(4, socket.MSG_WAITALL))
+                    (code,) = struct.unpack_from("<i", server.recv(size, socket.MSG_WAITALL))
+            if code != 0:
+                log.info("the server did not take a connection (NVML error %d)", code)
+        except (OSError, struct.error) as e:
+            log.debug("handoff failed: %s", e)
         finally:
             client.close()
-            server.close()
+            self._done()
 
 
 # ----- starting and stopping ---------------------------------------------------------------------------------------

@@ -1,9 +1,14 @@
 """What the simulated libnvidia-ml answers in a container: NVML there sees only the GPUs and MIG devices whose device
 nodes the container has (docs/simulated-libnvml.md, "In a container").
 
-A copy of the library in a container opens each connection with the device nodes its process sees, `gpus=<minors>
-caps=<minors>` (`/dev/nvidia<minor>`, `/dev/nvidia-caps/nvidia-cap<minor>`); the server answers every later call
-on that connection through this view of the one machine state:
+The server learns them from the kernel, never from the caller's word: a container's connection reaches the server
+handed over by the machine's simulated nvidia-persistenced, and the server reads the character devices
+`/dev/nvidia<N>` and `/dev/nvidia-caps/nvidia-cap<N>` in the mount namespace of the process that connected
+(`/proc/<pid>/root/dev`, the pid from the connection's peer credentials: `of_process`). Where the server cannot see
+that process (another pid namespace: a server started in a pod), the library's first request carries its nodes as
+open descriptors, and the server takes the device numbers of those (`of_nodes`): a process can only pass nodes it
+can open. Either way a node counts by its device number (major and minor), not its name. The server answers every
+later call on that connection through this view of the one machine state:
 
 - GPUs: those whose `/dev/nvidia<minor>` is there, numbered from 0 in the machine's order (`nvmlDeviceGetCount`,
   `…GetHandleByIndex`, `…GetIndex`); a GPU that is not is `NVML_ERROR_NOT_FOUND` by UUID or PCI bus id, and a
@@ -19,7 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Callable
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,20 +42,35 @@ from dra_driver.simulator.nvml import (
     SimulatedNvml,
     handle_ids,
 )
-from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
+from dra_driver.simulator.procfs import CAPS_MAJOR, NVIDIA_MAJOR, ci_cap_minor, gi_cap_minor
 
-VIEW_FUNCTION = "simnvmlContainerView"  # the first request of a container's connection (native/libnvml/libnvml.c)
-VIEW_FORMAT = "s"
 CONFIG_CAP, MONITOR_CAP = 1, 2  # /proc/driver/nvidia/capabilities/mig/{config,monitor}
 _INSTANCES = 64  # more GPU or compute instances than a GPU has
+_GPU_MINORS = range(254)  # 254 and 255 are nvidia-modeset and nvidiactl
+_GPU_NODE, _CAP_NODE = re.compile(r"nvidia\d+"), re.compile(r"nvidia-cap\d+")
+MAX_NODES = 16384  # entries read of a /dev (a privileged container's may be the host's): a crafted one is cut short
 
 
 def _fail(code: int) -> None:
     raise pynvml.NVMLError(code)
 
 
-def _numbers(text: str) -> frozenset[int]:
-    return frozenset(int(n) for n in text.split(",") if n.isdigit())
+def _char_devices(directory: str, name: re.Pattern[str]) -> list[int]:
+    """The device numbers of the character devices in `directory` whose name matches (not followed: a symbolic
+    link in a container's /dev would be resolved in the server's root)."""
+    found = []
+    try:
+        with os.scandir(directory) as entries:
+            for n, entry in enumerate(entries):
+                if n >= MAX_NODES:
+                    break
+                if name.fullmatch(entry.name):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISCHR(st.st_mode):
+                        found.append(st.st_rdev)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return found
 
 
 @dataclass(frozen=True)
@@ -55,10 +78,42 @@ class ContainerView:
     gpu_minors: frozenset[int]
     cap_minors: frozenset[int]
 
+    def sorted(self) -> tuple[list[int], list[int]]:
+        return sorted(self.gpu_minors), sorted(self.cap_minors)
+
     @classmethod
-    def parse(cls, text: str) -> ContainerView:
-        fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
-        return cls(_numbers(fields.get("gpus", "")), _numbers(fields.get("caps", "")))
+    def of_devices(cls, devices: Iterable[int]) -> ContainerView:
+        """The view that device numbers give: the NVIDIA driver's GPU minors, the nvidia-caps capability minors."""
+        gpus, caps = set(), set()
+        for rdev in devices:
+            if os.major(rdev) == NVIDIA_MAJOR and os.minor(rdev) in _GPU_MINORS:
+                gpus.add(os.minor(rdev))
+            elif os.major(rdev) == CAPS_MAJOR:
+                caps.add(os.minor(rdev))
+        return cls(frozenset(gpus), frozenset(caps))
+
+    @classmethod
+    def of_process(cls, pid: int) -> ContainerView | None:
+        """The device nodes in `pid`'s mount namespace; None when this process may not look there (then the caller
+        must prove what it has: `of_nodes`)."""
+        root = f"/proc/{pid}/root"
+        try:
+            os.stat(f"{root}/")
+        except OSError:
+            return None  # gone, or not ours to look into
+        dev = f"{root}/dev"
+        return cls.of_devices(_char_devices(dev, _GPU_NODE) + _char_devices(f"{dev}/nvidia-caps", _CAP_NODE))
+
+    @classmethod
+    def of_nodes(cls, fds: Iterable[int]) -> ContainerView:
+        """The device nodes a process passed open (SCM_RIGHTS): what each one really is, whatever it was said to be."""
+        devices = []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if stat.S_ISCHR(st.st_mode):
+                    devices.append(st.st_rdev)
+        return cls.of_devices(devices)
 
     def gpus(self, sim: SimulatedNvml) -> list[int]:
         """The machine's indexes of the GPUs this container has, in the machine's order: its NVML indexes."""

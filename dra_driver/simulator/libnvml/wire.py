@@ -25,7 +25,8 @@ from typing import Any
 
 import pynvml
 
-MAGIC = 0x314D564E
+from dra_driver.simulator.libnvml import MAGIC
+
 _TOKEN = re.compile(r"([huiUsBovSA])(\d*)")
 
 

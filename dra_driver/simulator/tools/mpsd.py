@@ -23,7 +23,7 @@ from typing import Any
 import pynvml
 
 from dra_driver.simulator.tools.devices import NoDriver, find_device, open_nvml
-from dra_driver.simulator.tools.state import MODE_NAMES, SharingState
+from dra_driver.simulator.tools.state import KEEP_COMMANDS, MODE_NAMES, SharingState, pid_namespace
 
 SOCKET_NAME, PID_FILE, LOG_FILE = "control", "nvidia-cuda-mps-control.pid", "control.log"
 ALREADY_RUNNING = "An instance of this daemon is already running"
@@ -113,6 +113,7 @@ class Daemon:
         with self.state.mutate() as data:
             data["mps"][self.pipe] = {
                 "pid": os.getpid(),
+                "pid_namespace": pid_namespace(),  # where `pid` means this process
                 "visible": self.visible,
                 "log": self.log_dir,
                 "compute_modes": self.modes,
@@ -217,7 +218,7 @@ class Daemon:
         with self.state.mutate() as data:
             entry = data["mps"].get(self.pipe)
             if entry is not None and entry.get("pid") == os.getpid():
-                entry["commands"].append(line)
+                entry["commands"] = [*entry["commands"], line][-KEEP_COMMANDS:]
                 entry.update(settings)
 
     def cleanup(self) -> None:

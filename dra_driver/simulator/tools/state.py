@@ -2,12 +2,16 @@
 control daemons that run, and a log of the tools' calls.
 
 One JSON file, `<simulator state dir>/sharing-state.json`, rewritten atomically under a file lock, so nvidia-smi,
-the MPS daemons, the simulator's NVML (compute mode) and tests in other processes all see the same values.
+the MPS daemons, the simulator's NVML (compute mode) and tests in other processes all see the same values. It holds
+what is live, however many claims came and went: every change drops the records of MPS daemons that are gone (killed
+without cleaning up after themselves) and time slices and compute modes back at their defaults, and the log keeps
+the latest KEEP_CALLS calls.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -18,7 +22,9 @@ from dra_driver.simulator.lockedfile import locked, replace_text
 
 STATE_FILE = "sharing-state.json"
 LOCK_FILE = "sharing-state.lock"
-KEEP_CALLS = 1000  # the log keeps the latest calls only
+KEEP_CALLS = 50  # the log keeps the latest calls only (tests look at a claim's few)
+KEEP_INPUT = 4096  # characters of a call's stdin kept in the log
+KEEP_COMMANDS = 64  # an MPS daemon's latest commands kept in its record
 
 # NVML's compute modes (pynvml NVML_COMPUTEMODE_*) and the names nvidia-smi's queries print for them
 DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS = 0, 2, 3
@@ -39,6 +45,27 @@ def is_daemon(pid: int) -> bool:
 def pid_alive(pid: int) -> bool:
     """Whether `pid` is a process that has not exited (a zombie waiting to be reaped has)."""
     return process_start_time(pid) is not None
+
+
+def pid_namespace() -> int:
+    """This process's pid namespace (its inode): a pid recorded in another one says nothing here."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _live(data: dict[str, Any]) -> None:
+    """Drop what no longer is: daemons that died here (a daemon of another pid namespace, e.g. a pod's, cannot be
+    judged from this one and stays), and settings back at their defaults (what readers answer for an absent GPU)."""
+    here = pid_namespace()
+    data["mps"] = {
+        pipe: d
+        for pipe, d in data["mps"].items()
+        if d.get("pid_namespace") != here or not here or is_daemon(int(d.get("pid", 0)))
+    }
+    data["timeslice"] = {uuid: v for uuid, v in data["timeslice"].items() if v}
+    data["compute_mode"] = {uuid: v for uuid, v in data["compute_mode"].items() if v != DEFAULT}
 
 
 def process_start_time(pid: int) -> int | None:
@@ -74,6 +101,7 @@ class SharingState:
         with locked(self.state_dir / LOCK_FILE, _THREAD_LOCK):
             data = self.read()
             yield data
+            _live(data)
             replace_text(self.path, json.dumps(data, indent=1, sort_keys=True))
 
     # ----- readers ------------------------------------------------------------------------------------------
@@ -99,5 +127,6 @@ class SharingState:
     def record_call(self, argv: list[str], env: Mapping[str, str], stdin: str | None, returncode: int) -> None:
         wanted = {k: v for k, v in env.items() if k.startswith("CUDA_") or k == "LD_PRELOAD"}
         with self.mutate() as data:
-            call = {"argv": list(argv), "env": wanted, "input": stdin, "returncode": returncode}
+            kept = stdin if stdin is None else stdin[:KEEP_INPUT]
+            call = {"argv": list(argv), "env": wanted, "input": kept, "returncode": returncode}
             data["calls"] = [*data["calls"], call][-KEEP_CALLS:]
