@@ -12,8 +12,12 @@ from its image by its Helm chart, simulated GPUs:
    publish of the node's slices (its `dra_driver_publish_total` counter, polled on its metrics port: `published`
    when it wrote slices, `unchanged` when the slices it found were already right).
 
-Run: python bench/bench_real_node.py [--pairs 20] [--restarts 5] [--machine dgx-h100]. Needs root (a real node).
-Prints a markdown table.
+Client limits: the kubelet's API client (`kubeAPIQPS`/`kubeAPIBurst`, 50/100 by default) and kube-scheduler's
+(`clientConnection` QPS/burst, 50/100) could cap a figure; both run raised to 5000/5000 unless --as-deployed, and
+the limits in force are printed with the table (the kubelet's from its /configz, the scheduler's from its own).
+
+Run: python bench/bench_real_node.py [--pairs 20] [--restarts 5] [--machine dgx-h100] [--as-deployed]. Needs root
+(a real node). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -36,8 +40,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scheduler import Scheduler  # its scheduler client (/configz)
+
 from tests.cluster import images
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import SCHEDULER_DEFAULT_CLIENT, ClientLimits, ControlPlane
 from tests.cluster.driver import DRIVER_NAME, DriverRelease
 from tests.cluster.node import NODE_CONTROLLERS, Node, node_unavailable_reason
 
@@ -332,12 +339,27 @@ def machine_line() -> str:
     return f"{os.cpu_count()} CPUs ({model or platform.machine()}), kernel {platform.release()}"
 
 
+RAISED = ClientLimits(qps=5000, burst=5000)
+
+
+def client_limits_line(node: Node) -> str:
+    """The client limits in force, as the kubelet (its /configz, through the API server's node proxy) and
+    kube-scheduler (its /configz) report them."""
+    kubelet = json.loads(node.cp.get_text(f"/api/v1/nodes/{node.name}/proxy/configz"))["kubeletconfig"]
+    scheduler = Scheduler(node.cp).config()["clientConnection"]
+    return (
+        f"client limits in force: kubelet kubeAPIQPS {kubelet['kubeAPIQPS']}, kubeAPIBurst {kubelet['kubeAPIBurst']}; "
+        f"kube-scheduler QPS {scheduler['qps']:g}, burst {scheduler['burst']}"
+    )
+
+
 def report(
     args: argparse.Namespace, node: Node, with_claim: list[float], plain: list[float], rs: list[Restart]
 ) -> None:
     kubelet = subprocess.run([str(node.cp.bin_dir / "kubelet"), "--version"], capture_output=True, text=True)
     print()
     print(f"machine: {machine_line()}; {kubelet.stdout.strip()}, containerd + runc; simulated {args.machine}")
+    print(client_limits_line(node))
     print()
     print("| measure | n | median | p90 | min | max |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -370,13 +392,18 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20, help="claim/plain pod pairs (default 20)")
     parser.add_argument("--restarts", type=int, default=5, help="driver pod deletions (default 5)")
     parser.add_argument("--machine", default="dgx-h100", help="simulated machine (default dgx-h100)")
+    parser.add_argument(
+        "--as-deployed", action="store_true", help="the kubelet's and kube-scheduler's default client limits (50/100)"
+    )
     args = parser.parse_args()
+    limits = SCHEDULER_DEFAULT_CLIENT if args.as_deployed else RAISED
     reason = node_unavailable_reason()
     if reason is not None:
         sys.exit(f"cannot run a real node here: {reason}")
     began = time.monotonic()
-    with ControlPlane(service_accounts=True, controllers=NODE_CONTROLLERS) as cp:
-        node = Node(cp, sandbox_image=images.PAUSE_IMAGE, images=[images.pause_image(), images.workload_image()])
+    with ControlPlane(service_accounts=True, controllers=NODE_CONTROLLERS, scheduler_client=limits) as cp:
+        node = Node(cp, sandbox_image=images.PAUSE_IMAGE, images=[images.pause_image(), images.workload_image()],
+                    kubelet_config={"kubeAPIQPS": limits.qps, "kubeAPIBurst": limits.burst})  # fmt: skip
         with node:
             release = DriverRelease(node, machine=args.machine)
             release.install()

@@ -168,6 +168,7 @@ class Node:
         kubelet_verbosity: int = 3,  # 3: "Registered DRA plugin" and the slice deletions are logged
         feature_gates: Mapping[str, bool] | None = None,
         start_timeout: float = 120.0,
+        kubelet_config: Mapping[str, Any] | None = None,  # KubeletConfiguration fields over ours
     ) -> None:
         self.cp = control_plane
         self.name = name
@@ -176,6 +177,7 @@ class Node:
         self.kubelet_verbosity = kubelet_verbosity
         self.feature_gates = {**control_plane.feature_gates, **(feature_gates or {})}
         self.start_timeout = start_timeout
+        self.kubelet_config = dict(kubelet_config or {})
         self.keep_work_dir = os.environ.get("DRA_K8S_KEEP") == "1"
         self._requested_work_dir = work_dir
         self._work: Path | None = None
@@ -639,6 +641,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "syncFrequency": "10s",
             "nodeStatusUpdateFrequency": "5s",
             "shutdownGracePeriod": "0s",
+            **self.kubelet_config,
         }
         (self.work_dir / "kubelet.yaml").write_text(json.dumps(config, indent=2))
 
