@@ -371,7 +371,12 @@ def test_device_data_names_the_gpu_the_partition_and_the_sharing(tmp_path: Path)
             "productName": gpu2.product_name,
             "parentUUID": gpu2.uuid,
             "uuid": live.uuid,
-            "mig": {"profile": "3g.40gb", "placement": {"start": 4, "size": 4}},
+            "mig": {
+                "profile": "3g.40gb",
+                "placement": {"start": 4, "size": 4},
+                "gpuInstanceId": live.gi_id,  # dcgm-exporter's GPU_I_ID, with the parent's UUID
+                "computeInstanceId": live.ci_id,
+            },
             **versions,
         }
         assert of(sliced)["sharing"] == {"strategy": "TimeSlicing", "interval": "Long"}

@@ -2,7 +2,9 @@
 condition: which GPU or MIG device the container got, on which driver, and how it is shared.
 
     uuid, productName            the GPU's, or the MIG device's own UUID (and parentUUID)
-    mig                          profile and placement {start, size} of a MIG partition
+    mig                          profile and placement {start, size} of a MIG partition, and its GPU and compute
+                                 instance ids {gpuInstanceId, computeInstanceId}: with parentUUID what dcgm-exporter
+                                 labels a MIG device's metrics with (UUID of the GPU, GPU_I_ID, GPU_I_PROFILE)
     computeMode                  a whole GPU's, as NVML reports it now (Default, Exclusive_Process, Prohibited)
     sharing                      {strategy: TimeSlicing, interval: Default|Short|Medium|Long} or {strategy: MPS}
     driverVersion, cudaDriverVersion
@@ -48,12 +50,13 @@ def device_data_source(
         out: dict[str, Any] = {"productName": gpu.product_name}
         if entry.profile is not None and entry.placement_start is not None:
             out["parentUUID"] = gpu.uuid
-            if device.mig is not None:
-                out["uuid"] = device.mig.uuid
             out["mig"] = {
                 "profile": entry.profile.name,
                 "placement": {"start": entry.placement_start, "size": entry.profile.memory_slices},
             }
+            if device.mig is not None:
+                out["uuid"] = device.mig.uuid
+                out["mig"].update(gpuInstanceId=device.mig.gi_id, computeInstanceId=device.mig.ci_id)
         else:
             out["uuid"] = gpu.uuid
             mode = _compute_mode(lib, gpu.uuid)
