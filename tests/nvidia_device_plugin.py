@@ -1,4 +1,4 @@
-"""NVIDIA's device plugin (github.com/NVIDIA/k8s-device-plugin v0.18.0, built from its Go module by
+"""NVIDIA's device plugin (github.com/NVIDIA/k8s-device-plugin v0.19.0, built from its Go module by
 scripts/build-nvidia-tools.sh) as a host process on a simulated machine's driver root, registered with the node's
 kubelet: it loads the simulated libnvidia-ml.so.1 from that root, as its DaemonSet loads the host's from the root it
 mounts, and serves `nvidia.com/gpu` on the kubelet's device-plugin socket directory, which the kubelet fixes at

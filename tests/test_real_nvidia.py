@@ -1,9 +1,9 @@
 """NVIDIA's own software on the real node (kubelet, containerd and runc), on simulated GPUs: what its users run today,
 measured where our tests run ours.
 
-- Its device plugin (v0.18.0) with its time-slicing config `replicas: 4` on a one-GPU machine: the kubelet
+- Its device plugin (v0.19.0) with its time-slicing config `replicas: 4` on a one-GPU machine: the kubelet
   advertises `nvidia.com/gpu: 4` and four pods written for it run at once on the one GPU; an XID on the GPU, which
-  its health check reads through NVML's events, takes one of the four out of allocatable, as v0.18.0 does
+  its health check reads through NVML's events, takes one of the four out of allocatable, as v0.18.0 and v0.19.0 do
   (tests/nvidia_device_plugin.py).
 
 The device plugin registers `nvidia.com/gpu` with the kubelet, which keeps the resource in the Node's capacity once
@@ -107,8 +107,8 @@ def test_the_device_plugins_time_slicing_runs_four_pods_on_one_gpu(node: Node, t
             assert f"Insufficient {RESOURCE}" in wait_until("fifth Unschedulable", unschedulable, timeout=60)
             # Its health check reads the GPU's XID events through NVML. An XID 79 (fallen off the bus) on the simulated
             # GPU marks ONE of its four replicas unhealthy, so the kubelet keeps three in allocatable and would start
-            # three more pods on a GPU that is gone: v0.18.0's health.go keeps one device per GPU UUID, one
-            # replica (NVIDIA/k8s-device-plugin#1929, fixed after v0.18 by #1930). Ours taints the GPU's device, every
+            # three more pods on a GPU that is gone: its health.go keeps one device per GPU UUID, one replica
+            # (NVIDIA/k8s-device-plugin#1929; still so in v0.19.0). Ours taints the GPU's device, every
             # share of it (docs/comparison.md).
             sim.nvmlInit()
             try:
