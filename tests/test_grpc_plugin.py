@@ -557,3 +557,46 @@ def test_the_call_deadline_reaches_the_preparer_and_bounds_the_wait_for_a_serial
         assert first.result() == {"uid-1": PrepareAnswer(devices=[gpu(1)])}
         (deadline,) = slow.deadlines
         assert deadline is not None and 30 < deadline - time.monotonic() <= 45
+
+
+def test_silent_and_idle_connections_are_closed_and_calls_go_on(preparer: FakePreparer, short_dir: Path) -> None:
+    """A client that connects and never speaks HTTP/2 is dropped at the handshake timeout; one that opened HTTP/2
+    and makes no call gets a GOAWAY once idle; the kubelet's calls go on meanwhile (its next call connects again)."""
+    dirs = (short_dir / "plugin", short_dir / "registry")
+    srv = PluginServer(preparer, DRIVER, *dirs, CollectorRegistry(), socket_check_interval_s=None,
+                       handshake_timeout_s=1.0, idle_timeout_s=2.0)  # fmt: skip
+    preparer.prepare_results = {"uid-1": PrepareResult(devices=[gpu(0)])}
+
+    def closed_by_server(s: socket.socket) -> bool:
+        """True once the server closed `s` (end of stream or reset), False if it is still open at its timeout."""
+        try:
+            while s.recv(4096):
+                pass
+            return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+
+    srv.start()
+    try:
+        path = str(dirs[0] / "dra.sock")
+        silent = [socket.socket(socket.AF_UNIX) for _ in range(20)]
+        for s in silent:
+            s.connect(path)
+            s.settimeout(6)
+        idle = socket.socket(socket.AF_UNIX)
+        idle.connect(path)
+        idle.settimeout(8)
+        idle.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # + SETTINGS
+        with KubeletHarness(dirs[1], DRIVER) as kubelet:
+            kubelet.register()
+            assert kubelet.prepare([claim(1)])["uid-1"] == PrepareAnswer(devices=[gpu(0)])
+            assert all(closed_by_server(s) for s in silent)
+            assert closed_by_server(idle)
+            time.sleep(2.5)  # the kubelet's connection is idle past the timeout too: its next call connects again
+            assert kubelet.unprepare([claim(1)]) == {"uid-1": ""}
+        for s in (*silent, idle):
+            s.close()
+    finally:
+        srv.stop(grace=0)

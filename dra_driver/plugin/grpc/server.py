@@ -81,6 +81,8 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 RESERVED_WORKERS = 2  # server threads prepares never take: for unprepares and health checks
 HEALTH_WORKERS = 1  # server threads neither prepares nor unprepares take: the liveness probe's health checks
+HANDSHAKE_TIMEOUT_S = 10.0  # a connection that has not spoken HTTP/2 by then is closed
+CONNECTION_IDLE_S = 300.0  # a connection with no call open for this long gets a GOAWAY
 
 
 _umask_lock = threading.Lock()
@@ -177,6 +179,8 @@ class PluginServer:
         socket_check_interval_s: float | None = DEFAULT_SOCKET_CHECK_INTERVAL_S,
         device_health: DeviceHealthSource | None = None,
         max_health_streams: int = DEFAULT_MAX_STREAMS,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        idle_timeout_s: float = CONNECTION_IDLE_S,
     ) -> None:
         if not driver_name:
             raise ValueError("driver_name is required")
@@ -201,6 +205,13 @@ class PluginServer:
                 )
         self._socket_mode = socket_mode
         self._max_workers = max_workers
+        # gRPC's own (C-core) limits on what a connection holds without a call: a client that never says HTTP/2
+        # is dropped at the handshake timeout, a connection with no call open gets a GOAWAY once idle (a client,
+        # the kubelet, just connects again for its next call; an open health stream is a call)
+        self._grpc_options = [
+            ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
+            ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000)),
+        ]
         self._grace_period_s = grace_period_s
         self._socket_check_interval_s = socket_check_interval_s
         self._metrics = PluginMetrics.for_registry(metrics_registry)
@@ -314,7 +325,8 @@ class PluginServer:
         # private name, and move the file into place
         tmp = path.parent / _tmp_name()
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"dra-grpc-{name}")
+            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"dra-grpc-{name}"),
+            options=self._grpc_options,
         )
         for add in services:
             add(server)
