@@ -416,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument(
         "--feature-gates",
         default=os.environ.get("DRA_DRIVER_FEATURE_GATES"),
-        help=f"Name=true|false,... (gates: {', '.join(sorted(features.DEFAULTS))}; default all true)",
+        help=f"Name=true|false,... (defaults: {', '.join(f'{k}={v}' for k, v in sorted(features.DEFAULTS.items()))})",
     )
     plugin.add_argument(
         "--node-labels",

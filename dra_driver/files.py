@@ -4,6 +4,7 @@ file object and pathlib's joins were a third of a write's CPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -25,3 +26,19 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def replace_file(final: str | Path, tmp: str | Path, data: bytes, mode: int) -> None:
+    """`data` written to `tmp`, then renamed over `final`: readers see the old file or the new one, never part of
+    one; `tmp` is gone afterwards, also when the write fails (a full or read-only disk)."""
+    try:
+        fd = open_new(tmp, mode)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

@@ -254,7 +254,8 @@ class DaemonNode:
         return ["plugin", "--sim", MACHINE, "--sim-state", str(self.state),
                 "--mode", "partitionable", "--node-name", self.node_name, "--kubeconfig", str(self.kubeconfig),
                 "--plugin-dir", str(self.plugin_dir), "--registry-dir", str(self.registry_dir),
-                "--cdi-root", str(self.cdi_root)]  # fmt: skip
+                "--cdi-root", str(self.cdi_root),
+                "--feature-gates", "DeviceMetadata=true"]  # its steps' crash points too  # fmt: skip
 
     def start(self, crash_at: str | None = None, *, expect_death: bool = False) -> bool:
         """Start a daemon (armed to kill itself at `crash_at`) and register with it; False when it died before
@@ -620,7 +621,14 @@ class Checker:
         for where, (_, mig_uuid, device, owner) in sorted(owned.items()):
             if where not in live:
                 self.fail("a mig", f"{owner}'s {device} ({mig_uuid}, GPU instance {where[1]}) does not exist")
-        # (b) CDI specs: one per prepared claim; no temp file of an interrupted write
+        # (b) CDI specs: one per prepared claim; no temp file of an interrupted write; device metadata (mounted by
+        # the spec) for exactly the prepared claims
+        metadata_dir = node.plugin_dir / "dra-device-metadata"
+        with_metadata = {p.name.rsplit("_", 1)[-1] for p in metadata_dir.iterdir()} if metadata_dir.is_dir() else set()
+        if with_metadata != {self.refs[k].uid for k in prepared if k in self.refs}:
+            self.fail(
+                "b cdi", f"device metadata of {sorted(map(self._name, with_metadata))}, prepared: {sorted(prepared)}"
+            )
         files = node.cdi_files()
         temp = sorted(p.name for p in node.cdi_root.glob(".*.tmp")) if node.cdi_root.is_dir() else []
         if temp:
@@ -696,6 +704,9 @@ class Checker:
             left.append("MIG instances " + ", ".join(f"gpu-{g['minor']}/gi{g['gi_id']}{g['cis']}" for g in migs))
         if node.cdi_files():
             left.append(f"CDI specs {node.cdi_files()}")
+        metadata_dir = node.plugin_dir / "dra-device-metadata"
+        if metadata_dir.is_dir() and any(metadata_dir.iterdir()):
+            left.append(f"device metadata {sorted(p.name for p in metadata_dir.iterdir())}")
         if node.mps_dirs():
             left.append(f"MPS directories {[self._name(d) for d in node.mps_dirs()]}")
         state = node.sim.store.read()

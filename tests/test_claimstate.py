@@ -21,7 +21,7 @@ from dra_driver.claimstate.checkpoint import (
     MpsRecord,
     TimeSlicingRecord,
 )
-from dra_driver.plugin import machine
+from dra_driver.plugin import features, machine
 from tests.plugin_helpers import Node, claim, ref
 from tests.test_sharing import mps
 
@@ -51,14 +51,14 @@ def test_every_step_that_changes_the_node_declares_its_record_and_crash_points()
 def test_a_claim_using_every_step_reaches_the_tables_crash_points_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A MIG partition carved with an MPS daemon: every prepare step and every teardown step applies, and the
-    trace (what the crash tests kill at) is the table's crash points, one write per record."""
+    """A MIG partition carved with an MPS daemon and device metadata on: every prepare step and every teardown step
+    applies, and the trace (what the crash tests kill at) is the table's crash points, one write per record."""
     trace = tmp_path / "trace"
     monkeypatch.setenv(crashpoints.TRACE_ENV, str(trace))
     node = Node(tmp_path / "node")
     c = claim(["gpu-6-mig-3g40gb-9-0"], device_class="mig", config=[mps(kind="MigDeviceConfig")])
     node.add(c)
-    d = node.driver()
+    d = node.driver(feature_gates={**features.DEFAULTS, "DeviceMetadata": True})
     writes: list[str] = []
     put = Checkpoint.put
     monkeypatch.setattr(Checkpoint, "put", lambda self, entry: writes.append(entry.state) or put(self, entry))

@@ -14,7 +14,8 @@ API = "gpu.resource.dra-driver.dev/v1alpha1"
 
 
 def test_parse() -> None:
-    assert features.parse(None) == {"TimeSlicingSettings": True, "MPSSupport": True}
+    assert features.parse(None) == {"TimeSlicingSettings": True, "MPSSupport": True, "DeviceMetadata": False}
+    assert features.parse("DeviceMetadata=true")["DeviceMetadata"] is True
     assert features.parse("MPSSupport=false, TimeSlicingSettings=true")["MPSSupport"] is False
     with pytest.raises(features.FeatureGateError, match="unknown feature gate 'MPS'"):
         features.parse("MPS=false")

@@ -247,7 +247,8 @@ def deployed(node: Node, values: Sequence[str] = (), machine: str = "dgx-h100") 
 
 @pytest.fixture(scope="module")
 def cluster(real_node: Node) -> Iterator[Cluster]:
-    with deployed(real_node) as c:
+    # device metadata on (KEP-5304, off by default): every pod here gets its requests' files mounted too
+    with deployed(real_node, values=["--set", "featureGates.DeviceMetadata=true"]) as c:
         # the simulator's pod is unprivileged: an MPS claim's shm directory cannot be a tmpfs, and the driver says so
         c.release.log.expect(r"no privilege to mount; MPS shm directories stay plain directories")
         yield c
@@ -420,6 +421,76 @@ def test_the_device_plugin_docs_cuda_check_pod_runs_nvidia_smi_on_its_one_gpu(cl
     assert listed == [f"GPU 0: {name} (UUID: {uuid})"], out
     cluster.cp.delete("pod", "cuda-check", namespace=NS, missing_ok=False, wait=120)
     wait_until("its claim unprepared", lambda: uid not in cluster.release.checkpoint_claims(), timeout=60)
+
+
+def _documents(text: str) -> list[dict[str, Any]]:
+    """The JSON documents of a stream, one after the other."""
+    decoder, out, at = json.JSONDecoder(), [], 0
+    while rest := text[at:].lstrip():
+        doc, at = decoder.raw_decode(text, len(text) - len(rest))
+        out.append(doc)
+    return out
+
+
+def test_containers_read_their_devices_metadata(cluster: Cluster) -> None:
+    """Device metadata (KEP-5304) as a container reads it: a whole GPU from a template's claim and a MIG partition
+    carved at prepare from a claim by name, each request's file at api/metadata's path, newest version first, with the
+    attributes the slice publishes (and the MIG device's own UUID)."""
+    base = "/var/run/kubernetes.io/dra-device-attributes"
+    files = (f"{base}/resourceclaimtemplates/gpu/whole/{D}-metadata.json", f"{base}/resourceclaims/meta-mig/part/"
+             f"{D}-metadata.json")  # fmt: skip
+    cluster.apply(template("meta-gpu", req("whole", GPU)), claim("meta-mig", req("part", mig("1g.10gb"))))
+    p = pod("meta", template_name="meta-gpu")
+    p["spec"]["restartPolicy"] = "Never"
+    p["spec"]["resourceClaims"].append({"name": "mig", "resourceClaimName": "meta-mig"})
+    container = p["spec"]["containers"][0]
+    container["resources"]["claims"].append({"name": "mig"})
+    container["command"] = ["/bin/sh", "-c", f"cat {files[0]} && echo '@@' && cat {files[1]}"]
+    with cluster.claims_seen() as seen:  # the template's claim is deleted once the pod finished
+        cluster.apply(p)
+        try:
+            out = cluster.log_once_succeeded("meta")
+        except AssertionError:
+            described = cluster.cp.kubectl("describe", "pod", "meta", "-n", NS, check=False).stdout
+            raise AssertionError(f"{described[-3000:]}\n{cluster.release.logs()[-3000:]}") from None
+    whole_text, part_text = out.split("@@\n")
+    pod_claims = {  # this pod's, as last seen prepared (other tests' claims change meanwhile too)
+        c["metadata"]["name"]: c
+        for c in seen
+        if c["metadata"]["name"].startswith("meta-") and c.get("status", {}).get("devices")
+    }
+    assert len(pod_claims) == 2, sorted(pod_claims)
+    for text, request, claim_name in ((whole_text, "whole", None), (part_text, "part", "meta-mig")):
+        docs = _documents(text)
+        assert [d["apiVersion"] for d in docs] == [
+            "metadata.resource.k8s.io/v1beta1",
+            "metadata.resource.k8s.io/v1alpha1",
+        ]
+        assert docs[0]["requests"] == docs[1]["requests"]
+        meta = docs[0]["metadata"]
+        c = pod_claims[claim_name] if claim_name else next(v for k, v in pod_claims.items() if k.startswith("meta-gpu"))
+        assert (meta["name"], meta["uid"]) == (c["metadata"]["name"], c["metadata"]["uid"])
+        ((r,),) = [c["status"]["allocation"]["devices"]["results"]]
+        ((got,),) = [q["devices"] for q in docs[0]["requests"] if q["name"] == request]
+        assert (got["driver"], got["pool"], got["name"]) == (D, r["pool"], r["device"])
+        attrs = {k: next(iter(v.values())) for k, v in got["attributes"].items()}
+        assert attrs["type"] == ("gpu" if request == "whole" else "mig")
+        pci = "resource.kubernetes.io/pciBusID"  # what KubeVirt reads
+        assert attrs.get(pci) == cluster.attribute(r["device"], pci)
+        if request == "whole":
+            assert attrs[pci] and attrs["uuid"] == cluster.attribute(r["device"], "uuid")
+        else:  # the MIG device carved at prepare: its UUID, as the claim's status says too
+            ((status,),) = [c["status"]["devices"]]
+            assert attrs["uuid"].startswith("MIG-") and attrs["uuid"] == status["data"]["uuid"]
+    cluster.cp.delete("pod", "meta", namespace=NS, missing_ok=False, wait=120)
+    cluster.cp.delete("resourceclaim", "meta-mig", namespace=NS, wait=60)
+    metadata_dir = cluster.release.plugin_dir / "dra-device-metadata"
+    uids = {c["metadata"]["uid"] for c in pod_claims.values()}
+
+    def removed() -> bool:
+        return not {d.name.rsplit("_", 1)[-1] for d in metadata_dir.iterdir()} & uids
+
+    wait_until("these claims' metadata removed at unprepare", removed, timeout=60)
 
 
 def test_a_claim_that_cannot_fit_stays_pending_and_simulate_explains_why(cluster: Cluster) -> None:

@@ -107,9 +107,13 @@ def claim_spec(
     devices: dict[str, list[CharDevice]],
     uuids: list[str],
     common: ContainerEdits | None = None,
+    mounts: dict[str, list[Mount]] | None = None,
 ) -> CdiSpec:
     """`devices`: allocated device name -> the character devices it needs (control nodes included).
     `common`: edits every container with a GPU needs whatever the device (the driver's libraries and binaries).
+
+    `mounts`: device name -> mounts of its own (device metadata: a request's file on its first device, so that a
+    container gets the files of the requests it gets, as upstream's helper injects them).
 
     NVIDIA_VISIBLE_DEVICES lists every UUID of the claim at spec level: spec-level edits apply to any container
     that gets a device of this claim, and per-device env of the same name would overwrite each other.
@@ -117,7 +121,9 @@ def claim_spec(
     cdi_devices = [
         CdiDevice(
             name=cdi_device_name(claim_uid, name),
-            container_edits=ContainerEdits(device_nodes=[_node(n) for n in nodes]),
+            container_edits=ContainerEdits(
+                device_nodes=[_node(n) for n in nodes], mounts=(mounts or {}).get(name) or None
+            ),
         )
         for name, nodes in sorted(devices.items())
     ]

@@ -8,12 +8,11 @@ every spec no prepared claim owns, and /var/run/cdi is a tmpfs anyway)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
 from dra_driver.cdi.spec import CDI_CLASS, CdiSpec, spec_file_name, vendor
-from dra_driver.files import open_new, write_all
+from dra_driver.files import replace_file
 
 
 class CdiStore:
@@ -35,18 +34,7 @@ class CdiStore:
         name = spec_file_name(self.driver, claim_uid)
         final = os.path.join(self._root, name)
         tmp = os.path.join(self._root, f".{name}.tmp")  # neither .json nor .yaml: runtimes skip it
-        data = spec.to_json()
-        try:
-            fd = open_new(tmp, 0o666)
-            try:
-                write_all(fd, data)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        replace_file(final, tmp, spec.to_json(), 0o666)
         return Path(final)
 
     def remove(self, claim_uid: str) -> bool:

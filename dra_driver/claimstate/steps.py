@@ -74,6 +74,15 @@ APPLY_SHARING = Step(
     },
     undo="undo-sharing",
 )
+WRITE_METADATA = Step(
+    Phase.PREPARE,
+    "write-metadata",
+    "the claim's device metadata (KEP-5304; feature gate DeviceMetadata): a file per request with its devices' "
+    "attributes, each written atomically (temp file, rename), for the CDI spec to mount",
+    record_after="none: its directory is named by the claim's namespace, name and uid, which record-started recorded",
+    points={"done": "prepare.metadata-written"},
+    undo="remove-metadata",
+)
 WRITE_CDI = Step(
     Phase.PREPARE,
     "write-cdi",
@@ -82,7 +91,7 @@ WRITE_CDI = Step(
     points={"done": "prepare.cdi-written", "recorded": "prepare.completed-recorded"},
     undo="remove-cdi",
 )
-PREPARE: tuple[Step, ...] = (STARTED, CARVE_MIG, APPLY_SHARING, WRITE_CDI)
+PREPARE: tuple[Step, ...] = (STARTED, CARVE_MIG, APPLY_SHARING, WRITE_METADATA, WRITE_CDI)
 
 # ----- teardown ------------------------------------------------------------------------------------------------------
 UNPREPARE_STARTED = Step(
@@ -114,6 +123,13 @@ RESTORE_MIG_MODE = Step(
     record_after="none: decided from the GPU itself, so repeating it is harmless",
     points={"done": "unprepare.mig-mode-restored"},
 )
+REMOVE_METADATA = Step(
+    Phase.TEARDOWN,
+    "remove-metadata",
+    "the claim's device metadata directory (whatever the feature gate says now: it may have been on at prepare)",
+    record_after="none: found by the claim's namespace, name and uid, so repeating it is harmless",
+    points={"done": "unprepare.metadata-removed"},
+)
 REMOVE_CDI = Step(
     Phase.TEARDOWN,
     "remove-cdi",
@@ -121,7 +137,14 @@ REMOVE_CDI = Step(
     record_after="the claim's entry dropped",
     points={"done": "unprepare.cdi-removed", "recorded": "unprepare.dropped"},
 )
-TEARDOWN: tuple[Step, ...] = (UNPREPARE_STARTED, UNDO_SHARING, DESTROY_MIG, RESTORE_MIG_MODE, REMOVE_CDI)
+TEARDOWN: tuple[Step, ...] = (
+    UNPREPARE_STARTED,
+    UNDO_SHARING,
+    DESTROY_MIG,
+    RESTORE_MIG_MODE,
+    REMOVE_METADATA,
+    REMOVE_CDI,
+)
 
 # ----- start-up recovery ---------------------------------------------------------------------------------------------
 RECOVERY_STARTED = Step(
@@ -154,12 +177,18 @@ REMOVE_ORPHAN_CDI = Step(
     "CDI specs no claim holds, and temp files of interrupted writes",
     points={"done": "recover.orphan-cdi-removed"},
 )
+REMOVE_ORPHAN_METADATA = Step(
+    Phase.RECOVER,
+    "remove-orphan-metadata",
+    "device metadata directories no claim of the checkpoint holds (one of another boot's claims)",
+)
 RECOVERY: tuple[Step, ...] = (
     RECOVERY_STARTED,
     UNDO_INTERRUPTED,
     REMOVE_ORPHAN_MPS,
     DESTROY_ORPHAN_MIG,
     REMOVE_ORPHAN_CDI,
+    REMOVE_ORPHAN_METADATA,
 )
 
 _ORDER: tuple[Slot, ...] = ("intent", "done", "recorded")

@@ -29,6 +29,7 @@ from dra_driver.api.claim import ResourceClaim
 from dra_driver.api.deviceclass import DeviceClass
 from dra_driver.cdi.devnodes import DevNodeError, gpu_nodes
 from dra_driver.cdi.driverfiles import common_edits, discover_driver_files
+from dra_driver.cdi.metadata import POD_CLAIM_NAME_ANNOTATION, MetadataStore
 from dra_driver.cdi.spec import ContainerEdits, cdi_device_id
 from dra_driver.cdi.store import CdiStore
 from dra_driver.claimstate.checkpoint import Checkpoint, CheckpointedDevice, ClaimEntry, ClaimState
@@ -131,6 +132,8 @@ class Driver:
         self.host_driver_root = host_driver_root or driver_root
         self.driver_edits = self._driver_edits(self.inventory)
         self.cdi = CdiStore(settings.cdi_root, settings.driver)
+        # always there: a teardown removes what a prepare wrote with the DeviceMetadata gate on, whatever it is now
+        self.metadata = MetadataStore(settings.plugin_dir, settings.driver)
         settings.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._thread_lock = threading.Lock()
         self.calls = 0  # prepares and unprepares so far (the daemon trims memory once they stop)
@@ -295,7 +298,8 @@ class Driver:
             with self._locked(call):
                 if call.expired():  # the wait used up the time: an answer after the work would come too late
                     return PrepareResult(failure=logged(call, "prepare", ref, late_failure(ref, "prepared")))
-                devices = self._prepare_claim(ref, checked, call)
+                annotations = got.metadata.annotations or {}
+                devices = self._prepare_claim(ref, checked, call, annotations.get(POD_CLAIM_NAME_ANNOTATION))
         except Exception as e:  # whatever it is (an NVML error of a lost GPU, a bug): this claim's failure only
             return PrepareResult(failure=logged(call, "prepare", ref, failure_of(e), e))
         if isinstance(devices, ClaimFailure):
@@ -342,7 +346,11 @@ class Driver:
         return claim
 
     def _prepare_claim(
-        self, ref: ClaimRef, checked: list[Checked] | ClaimFailure, call: CallContext
+        self,
+        ref: ClaimRef,
+        checked: list[Checked] | ClaimFailure,
+        call: CallContext,
+        pod_claim_name: str | None = None,
     ) -> list[PreparedDevice] | ClaimFailure:
         existing = self.checkpoint.claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
@@ -376,7 +384,7 @@ class Driver:
                 for p in planned
             ),
         )
-        run = machine.Prepare(ClaimRecord(self.checkpoint, entry), planned, call)
+        run = machine.Prepare(ClaimRecord(self.checkpoint, entry), planned, call, pod_claim_name=pod_claim_name)
         try:
             machine.run_prepare(self, run)
         except Exception as failure:

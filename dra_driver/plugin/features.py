@@ -8,6 +8,9 @@ from collections.abc import Mapping
 DEFAULTS: dict[str, bool] = {
     "TimeSlicingSettings": True,  # GpuConfig sharing.strategy TimeSlicing is applied
     "MPSSupport": True,  # sharing.strategy MPS is applied (a control daemon per claim)
+    # device metadata files (KEP-5304) mounted by the claim's CDI spec; off as in upstream's kubelet plugin helper
+    # (kubeletplugin.EnableDeviceMetadata is opt-in), which needs no gate on the kubelet or API server
+    "DeviceMetadata": False,
 }
 _STRATEGY_GATE = {"TimeSlicing": "TimeSlicingSettings", "MPS": "MPSSupport"}
 

@@ -9,7 +9,9 @@ MIG device (every mode but partitionable) is used as it is and never destroyed.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -17,7 +19,8 @@ from typing import TYPE_CHECKING
 import pynvml
 
 from dra_driver.cdi.devnodes import CharDevice, mig_cap_nodes
-from dra_driver.cdi.spec import ContainerEdits, claim_spec
+from dra_driver.cdi.metadata import ClaimInfo, MetadataDevice, container_path
+from dra_driver.cdi.spec import ContainerEdits, Mount, claim_spec
 from dra_driver.claimstate import steps
 from dra_driver.claimstate.checkpoint import ClaimEntry, ClaimState
 from dra_driver.claimstate.config import GpuConfig, MigDeviceConfig
@@ -69,6 +72,8 @@ class Prepare:
     nodes: dict[str, list[CharDevice]] = field(default_factory=dict)  # device name -> its device nodes
     uuids: list[str] = field(default_factory=list)  # the planned devices' GPU or MIG UUIDs, in order
     edits: ContainerEdits | None = None  # sharing's, for the CDI spec
+    pod_claim_name: str | None = None  # the claim's pod-claim-name annotation (made from a template): metadata's path
+    mounts: dict[str, list[Mount]] = field(default_factory=dict)  # device name -> its metadata mount, for the spec
 
 
 @dataclass
@@ -159,9 +164,33 @@ def _apply_sharing(d: Driver, run: Prepare) -> None:
     run.edits = d.sharing.apply(run.claim, targets, d.others(run.claim.entry.uid), run.call)
 
 
+def _write_metadata(d: Driver, run: Prepare) -> None:
+    """Each request's devices with their attributes as published, plus the UUID of a MIG device carved now (the
+    slice cannot publish it); the file is mounted by the request's first device."""
+    if not d.settings.feature_gates.get("DeviceMetadata", False):
+        return
+    entry = run.claim.entry
+    claim = ClaimInfo(entry.namespace, entry.name, entry.uid, run.pod_claim_name)
+    requests: dict[str, list[MetadataDevice]] = {}
+    first: dict[str, str] = {}  # request -> the device whose CDI entry mounts its file
+    for p, uuid in zip(run.planned, run.uuids, strict=True):
+        attributes = json.loads(p.entry.device_json).get("attributes", {})
+        attributes.setdefault("uuid", {"string": uuid})
+        requests.setdefault(p.request, []).append(MetadataDevice(d.settings.pool, p.entry.name, attributes))
+        first.setdefault(p.request, p.entry.name)
+    for request, host in d.metadata.write(claim, requests).items():
+        mount = Mount(
+            host_path=str(host),
+            container_path=container_path(d.settings.driver, claim, request),
+            options=["ro", "bind"],  # upstream's
+        )
+        run.mounts.setdefault(first[request], []).append(mount)
+    steps.WRITE_METADATA.at("done")
+
+
 def _write_cdi(d: Driver, run: Prepare) -> None:
     uid = run.claim.entry.uid
-    spec = claim_spec(d.settings.driver, uid, run.nodes, run.uuids, common=d.driver_edits)
+    spec = claim_spec(d.settings.driver, uid, run.nodes, run.uuids, common=d.driver_edits, mounts=run.mounts)
     d.cdi.write(uid, with_edits(spec, run.edits))
     steps.WRITE_CDI.at("done")
     run.claim.record_state(steps.WRITE_CDI, ClaimState.PREPARE_COMPLETED)
@@ -268,6 +297,12 @@ def _restore_mig_modes(d: Driver, run: Teardown) -> None:
         steps.RESTORE_MIG_MODE.at("done")
 
 
+def _remove_metadata(d: Driver, run: Teardown) -> None:
+    entry = run.claim.entry
+    if d.metadata.remove(entry.namespace, entry.name, entry.uid):
+        steps.REMOVE_METADATA.at("done")
+
+
 def _remove_cdi(d: Driver, run: Teardown) -> None:
     d.cdi.remove(run.claim.entry.uid)
     steps.REMOVE_CDI.at("done")
@@ -354,11 +389,21 @@ def _remove_orphan_cdi(d: Driver, call: CallContext) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _remove_orphan_metadata(d: Driver, call: CallContext) -> None:
+    """Metadata directories of claims the checkpoint does not hold: its entry goes last, after its directory, so
+    these are another boot's (the plugin directory outlives a reboot)."""
+    for uid, path in d.metadata.claim_uids().items():
+        if uid not in d.checkpoint.claims:
+            log.warning("removing device metadata %s: no claim owns it", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
 # The handler of every step of the tables, in the tables' order.
 _PREPARE: dict[Step, Callable[[Driver, Prepare], None]] = {
     steps.STARTED: _record_started,
     steps.CARVE_MIG: _carve_mig,
     steps.APPLY_SHARING: _apply_sharing,
+    steps.WRITE_METADATA: _write_metadata,
     steps.WRITE_CDI: _write_cdi,
 }
 _TEARDOWN: dict[Step, Callable[[Driver, Teardown], None]] = {
@@ -366,6 +411,7 @@ _TEARDOWN: dict[Step, Callable[[Driver, Teardown], None]] = {
     steps.UNDO_SHARING: _undo_sharing,
     steps.DESTROY_MIG: _destroy_mig,
     steps.RESTORE_MIG_MODE: _restore_mig_modes,
+    steps.REMOVE_METADATA: _remove_metadata,
     steps.REMOVE_CDI: _remove_cdi,
 }
 _RECOVERY: dict[Step, Callable[[Driver, CallContext], None]] = {
@@ -374,6 +420,7 @@ _RECOVERY: dict[Step, Callable[[Driver, CallContext], None]] = {
     steps.REMOVE_ORPHAN_MPS: _remove_orphan_mps,
     steps.DESTROY_ORPHAN_MIG: _destroy_orphan_mig,
     steps.REMOVE_ORPHAN_CDI: _remove_orphan_cdi,
+    steps.REMOVE_ORPHAN_METADATA: _remove_orphan_metadata,
 }
 for _table, _handlers in ((steps.PREPARE, _PREPARE), (steps.TEARDOWN, _TEARDOWN), (steps.RECOVERY, _RECOVERY)):
     if tuple(_handlers) != _table:
