@@ -39,7 +39,7 @@ from dra_driver.simulator.libnvml.build import SOURCE_DIR
 from dra_driver.simulator.libnvml.handlers import FUNCTIONS
 from dra_driver.simulator.libnvml.server import Server, Session
 from dra_driver.simulator.libnvml.view import ContainerView
-from dra_driver.simulator.libnvml.wire import request_bytes
+from dra_driver.simulator.libnvml.wire import decode_answer, request_bytes
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.procfs import ci_cap_minor, gi_cap_minor
 from dra_driver.simulator.source import open_source, serve_containers
@@ -471,15 +471,7 @@ def _ask(server: Server, session: Session, name: str, fmt: str, fields: bytes) -
     """One call on a connection: the return code and each output's bytes (None: not written)."""
     answer = server.dispatch(request_bytes(name, fmt, fields)[4:], session)
     assert answer is not None
-    code, n = struct.unpack_from("<iH", answer)
-    outputs: list[bytes | None] = []
-    off = 6
-    for _ in range(n):
-        (size,) = struct.unpack_from("<i", answer, off)
-        off += 4
-        outputs.append(None if size < 0 else answer[off : off + size])
-        off += max(size, 0)
-    return code, outputs
+    return decode_answer(answer)
 
 
 def _text_field(text: str) -> bytes:

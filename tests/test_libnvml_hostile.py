@@ -27,7 +27,7 @@ import pytest
 
 from dra_driver.simulator.libnvml import SOCKET_NAME, connect, persistenced, persistenced_socket
 from dra_driver.simulator.libnvml.server import Server
-from dra_driver.simulator.libnvml.wire import request_bytes
+from dra_driver.simulator.libnvml.wire import decode_answer, request_bytes
 from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.procfs import CAPS_MAJOR, NVIDIA_MAJOR, ci_cap_minor, gi_cap_minor
 from dra_driver.simulator.tools.state import STATE_FILE, SharingState
@@ -61,16 +61,7 @@ def _read_answer(conn: socket.socket) -> tuple[int, list[bytes | None]]:
     if len(head) < 4:
         raise ConnectionError("the server closed the connection")
     (size,) = struct.unpack("<I", head)
-    answer = conn.recv(size, socket.MSG_WAITALL)
-    code, n = struct.unpack_from("<iH", answer)
-    outputs: list[bytes | None] = []
-    off = 6
-    for _ in range(n):
-        (length,) = struct.unpack_from("<i", answer, off)
-        off += 4
-        outputs.append(None if length < 0 else answer[off : off + length])
-        off += max(length, 0)
-    return code, outputs
+    return decode_answer(conn.recv(size, socket.MSG_WAITALL))
 
 
 def _call(conn: socket.socket, name: str, fmt: str, fields: bytes, timeout: float = 30) -> tuple[int, Any]:
@@ -141,7 +132,7 @@ HOSTILE = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
     from dra_driver.simulator.libnvml import connect
-    from dra_driver.simulator.libnvml.wire import request_bytes
+    from dra_driver.simulator.libnvml.wire import decode_answer, request_bytes
     ask = json.loads(sys.argv[2])
 
     def text(t):
@@ -150,15 +141,8 @@ HOSTILE = textwrap.dedent(
     def call(conn, name, fmt, fields):
         conn.sendall(request_bytes(name, fmt, fields))
         size = struct.unpack("<I", conn.recv(4, socket.MSG_WAITALL))[0]
-        answer = conn.recv(size, socket.MSG_WAITALL)
-        code, n = struct.unpack_from("<iH", answer)
-        outs, off = [], 6
-        for _ in range(n):
-            length = struct.unpack_from("<i", answer, off)[0]
-            off += 4
-            outs.append(None if length < 0 else answer[off:off + length].hex())
-            off += max(length, 0)
-        return code, outs
+        code, outs = decode_answer(conn.recv(size, socket.MSG_WAITALL))
+        return code, [None if o is None else o.hex() for o in outs]
 
     seen = {}
     lie = ask["lie"]

@@ -215,6 +215,20 @@ def encode_answer(code: int, outputs: list[Out | VersionedOut | StrOut | ArrayOu
     return struct.pack("<iH", code, len(blobs)) + b"".join(blobs)
 
 
+def decode_answer(answer: bytes) -> tuple[int, list[bytes | None]]:
+    """An answer's return code and each output's bytes (None: not written), as the C side reads `encode_answer`'s
+    (for tests)."""
+    code, n = struct.unpack_from("<iH", answer)
+    outputs: list[bytes | None] = []
+    off = 6
+    for _ in range(n):
+        (size,) = struct.unpack_from("<i", answer, off)
+        off += 4
+        outputs.append(None if size < 0 else answer[off : off + size])
+        off += max(size, 0)
+    return code, outputs
+
+
 def request_bytes(name: str, fmt: str, fields: bytes) -> bytes:
     """A request frame (the C side's encoding, for tests): `fields` already encoded per token."""
     body = struct.pack("<IH", MAGIC, len(name)) + name.encode() + struct.pack("<H", len(fmt)) + fmt.encode() + fields
