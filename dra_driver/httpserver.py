@@ -96,13 +96,10 @@ class BoundedHandler(BaseHTTPRequestHandler):
         self._reader.deadline = time.monotonic() + limits.request_timeout_s
         self._reader.budget = limits.max_head
         try:
-            super().handle_one_request()
+            super().handle_one_request()  # a request past its deadline: a TimeoutError it closes the connection on
         except HeadTooLarge:
             self.close_connection = True
             self._plain_error(431, "request line and headers too large")
-        except TimeoutError:
-            self.close_connection = True
-            self._plain_error(408, f"the request did not arrive within {limits.request_timeout_s:g} s")
         finally:
             self.server.mark(busy=False)
 
@@ -128,10 +125,11 @@ class BoundedHandler(BaseHTTPRequestHandler):
 class _Conn:
     """One connection as the server counts it."""
 
-    __slots__ = ("busy", "closed", "peer", "since", "sock")
+    __slots__ = ("accepted", "busy", "closed", "peer", "since", "sock")
 
-    def __init__(self, peer: str, sock: socket.socket) -> None:
-        self.peer, self.sock, self.busy, self.closed = peer, sock, False, False
+    def __init__(self, peer: str, accepted: socket.socket) -> None:
+        self.accepted = accepted  # its key in the server's table
+        self.peer, self.sock, self.busy, self.closed = peer, accepted, False, False
         self.since = time.monotonic()  # of its waiting, or of its request
 
 
@@ -197,7 +195,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def _close(self, conn: _Conn) -> None:
         """(under the lock) Wake the connection's thread, which then closes it: counted out from now."""
-        self._open = {k: v for k, v in self._open.items() if v is not conn}
+        del self._open[conn.accepted]
         if not conn.closed:
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)  # the descriptor's, under any TLS layer
