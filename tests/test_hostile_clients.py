@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,7 +24,7 @@ from tests.kubelet_harness import KubeletHarness
 from tests.plugin_helpers import GPU_CLASS, claim, ref
 from tests.polling import wait_for
 from tests.test_publisher import pool_complete
-from tests.test_webhook_server import REVIEW, _client_context, _connect, _post, pki  # noqa: F401 (pki: the fixture)
+from tests.test_webhook_server import REVIEW, _client_context, _connect, _post, dripping, pki  # noqa: F401 (pki: the fixture)
 
 NODE = "hostile-node"
 NOFILE = 256
@@ -35,17 +34,6 @@ DRIPPING = 40  # requests whose request line and headers arrive a byte every 0.2
 
 def _limit_descriptors() -> None:  # in the daemon's process, before it starts: soft = hard, so it stays
     resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
-
-
-def _drip(address: tuple[str, int], stop: threading.Event, wrap: object = None) -> None:
-    with contextlib.suppress(OSError):
-        sock = socket.create_connection(address, timeout=10)
-        if wrap is not None:
-            sock = wrap.wrap_socket(sock, server_hostname="127.0.0.1")  # type: ignore[attr-defined]
-        with sock:
-            sock.sendall(b"GET /metrics HTTP/1.1\r\n" if wrap is None else f"POST {REVIEW_PATH} HTTP/1.1\r\n".encode())
-            while not stop.wait(0.2):
-                sock.sendall(b"X")
 
 
 def _idle(address: tuple[str, int], count: int) -> list[socket.socket]:
@@ -84,20 +72,19 @@ def test_floods_on_metrics_and_webhook_fail_no_prepare(control_plane, tmp_path: 
     )
     webhook = WebhookServer(DRIVER, pki / "tls.crt", pki / "tls.key", address="127.0.0.1", port=0).start()
     kubelet = KubeletHarness(sockets / "registry", DRIVER)
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
     held: list[socket.socket] = []
+    floods = contextlib.ExitStack()  # the dripping clients, stopped at the end
     try:
         wait_for("pool published", lambda: pool_complete(cp, NODE, 1, 1), timeout=60)
         kubelet.register()
         cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "hostile-gpu"},
                   "spec": GPU_CLASS["spec"]})  # fmt: skip
         tls = _client_context(pki)
-        for _ in range(DRIPPING):
-            for address, wrap in ((("127.0.0.1", port), None), (("127.0.0.1", webhook.port), tls)):
-                t = threading.Thread(target=_drip, args=(address, stop, wrap), daemon=True)
-                t.start()
-                threads.append(t)
+        floods.enter_context(dripping(DRIPPING, lambda: socket.create_connection(("127.0.0.1", port), timeout=10),
+                                      b"GET /metrics HTTP/1.1\r\n"))  # fmt: skip
+        floods.enter_context(dripping(DRIPPING, lambda: tls.wrap_socket(
+            socket.create_connection(("127.0.0.1", webhook.port), timeout=10), server_hostname="127.0.0.1"),
+            f"POST {REVIEW_PATH} HTTP/1.1\r\n".encode()))  # fmt: skip
         held = _idle(("127.0.0.1", port), IDLE) + _idle(("127.0.0.1", webhook.port), IDLE // 4)
         time.sleep(1.5)  # the drippers are in their requests, and older than the servers' pressure_s
 
@@ -116,11 +103,9 @@ def test_floods_on_metrics_and_webhook_fail_no_prepare(control_plane, tmp_path: 
                 assert time.monotonic() - started < 5
         assert daemon.poll() is None
     finally:
-        stop.set()
+        floods.close()
         for s in held:
             s.close()
-        for t in threads:
-            t.join(timeout=10)
         kubelet.close()
         webhook.stop()
         daemon.send_signal(signal.SIGTERM)

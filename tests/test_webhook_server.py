@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -270,15 +270,27 @@ def test_a_request_line_and_headers_that_drip_in_are_cut_off(pki: Path) -> None:
         server.stop()
 
 
-def _dripper(server: WebhookServer, pki: Path, stop: threading.Event) -> None:
-    """A client that sends a request line, then a header byte every 0.2 s, for as long as it is let."""
-    try:
-        with _raw(server, pki) as tls:
-            tls.sendall(f"POST {REVIEW_PATH} HTTP/1.1\r\n".encode())
+@contextlib.contextmanager
+def dripping(count: int, connect: Callable[[], socket.socket], request_line: bytes) -> Iterator[None]:
+    """`count` clients, each connected by `connect`, sending `request_line` then a header byte every 0.2 s until
+    the block ends (or the server closes them)."""
+    stop = threading.Event()
+
+    def drip() -> None:
+        with contextlib.suppress(OSError), connect() as sock:
+            sock.sendall(request_line)
             while not stop.wait(0.2):
-                tls.sendall(b"a")
-    except OSError:
-        pass
+                sock.sendall(b"a")
+
+    threads = [threading.Thread(target=drip, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
 
 
 def test_slow_and_idle_clients_do_not_lock_reviews_out(pki: Path) -> None:
@@ -286,24 +298,18 @@ def test_slow_and_idle_clients_do_not_lock_reviews_out(pki: Path) -> None:
     oldest idle connection, else the slowest request, makes room), and none of the flood's connections is kept
     past its deadline."""
     server = _server(pki, max_connections=16, max_per_peer=16, request_timeout_s=5.0).start()
-    stop = threading.Event()
-    flood = [threading.Thread(target=_dripper, args=(server, pki, stop), daemon=True) for _ in range(20)]
     idle = [_raw(server, pki) for _ in range(20)]
     try:
-        for t in flood:
-            t.start()
-        time.sleep(1.5)  # every dripper is in its request, older than the server's pressure_s
-        for _ in range(5):
-            started = time.monotonic()
-            assert _post(_connect(server, pki), REVIEW)[0] == 200
-            assert time.monotonic() - started < 3
-        assert server._server.connections() <= 16
+        with dripping(20, lambda: _raw(server, pki), f"POST {REVIEW_PATH} HTTP/1.1\r\n".encode()):
+            time.sleep(1.5)  # every dripper is in its request, older than the server's pressure_s
+            for _ in range(5):
+                started = time.monotonic()
+                assert _post(_connect(server, pki), REVIEW)[0] == 200
+                assert time.monotonic() - started < 3
+            assert server._server.connections() <= 16
     finally:
-        stop.set()
         for tls in idle:
             tls.close()
-        for t in flood:
-            t.join(timeout=10)
         server.stop()
 
 
