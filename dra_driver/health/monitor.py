@@ -125,16 +125,10 @@ class Incident:
     def clearable(self) -> bool:
         return self.kind in ("xid", "ecc")
 
-    def same_cause(self, other: Incident) -> bool:
-        """Whether `other` is a repeat of this incident: merged into it rather than kept beside it."""
-        return (self.kind, self.gpu_uuid, self.devices, self.value, self.effect, self.recovery) == (
-            other.kind,
-            other.gpu_uuid,
-            other.devices,
-            other.value,
-            other.effect,
-            other.recovery,
-        )
+    @property
+    def cause(self) -> tuple[object, ...]:
+        """What makes two events one incident: a repeat is merged into it rather than kept beside it."""
+        return (self.kind, self.gpu_uuid, self.devices, self.value, self.effect, self.recovery)
 
 
 def publishable(taints: Mapping[str, list[DeviceTaint]], k8s_version: str | int) -> dict[str, list[DeviceTaint]]:
@@ -398,7 +392,7 @@ class HealthMonitor:
     def _add(self, incident: Incident) -> None:
         """A new XID/ECC incident, or a repeat of one: then merged into it and moved last (the latest seen)."""
         with self._lock:
-            same = next((i for i in self._incidents if i.same_cause(incident)), None)
+            same = next((i for i in self._incidents if i.cause == incident.cause), None)
             if same is not None:
                 self._incidents.remove(same)
                 same.count += 1
