@@ -142,6 +142,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128  # listen backlog (socketserver's 5 drops a burst's SYNs: a second's retry each)
 
     def __init__(self, address: Any, handler: type[BoundedHandler], limits: Limits) -> None:
+        if isinstance(address, tuple):  # an IP address and port (a Unix socket's server sets AF_UNIX itself)
+            self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.limits = limits
         self._lock = threading.Lock()
         self._open: dict[socket.socket, _Conn] = {}  # by the accepted socket

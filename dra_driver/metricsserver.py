@@ -9,7 +9,6 @@ OpenMetrics), gzipped when it asks for it, `name[]=` selecting metrics.
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
 from urllib.parse import parse_qs, urlsplit
 
@@ -51,7 +50,6 @@ class _Handler(BoundedHandler):
 class MetricsServer(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry, limits: Limits) -> None:
         self.registry = registry
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler, limits)
 
 

@@ -146,7 +146,6 @@ class _HttpsServer(BoundedHTTPServer):
     def __init__(
         self, address: tuple[str, int], tls: ReloadingContext, driver: str, metrics: WebhookMetrics, limits: Limits
     ) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.tls, self.driver, self.metrics = tls, driver, metrics
         super().__init__(address, _Handler, limits)
 
