@@ -227,9 +227,14 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         node_config_label=args.node_config_label,
         numa_form=NumaNodeForm(args.numa_node_form),
     )
-    source = open_source(
-        args.sim, args.sim_state, args.sysfs_root, args.proc_root, args.driver_root, args.host_driver_root
-    )
+    machine, sim_state, host_driver_root = args.sim, args.sim_state, args.host_driver_root
+    if machine and args.sim_machine_label:
+        from dra_driver.simulator.nodemachine import for_machine, machine_of_node
+
+        machine = machine_of_node(machine, args.sim_machine_label, args.node_name, args.kubeconfig)
+    if machine:
+        sim_state, host_driver_root = for_machine(sim_state, machine), for_machine(host_driver_root, machine)
+    source = open_source(machine, sim_state, args.sysfs_root, args.proc_root, args.driver_root, host_driver_root)
     if args.sim and args.sim_persistenced:
         serve_containers(source)
     run(options, source)
@@ -389,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin-dir", type=Path, help="default /var/lib/kubelet/plugins/<driver>")
     plugin.add_argument("--registry-dir", type=Path, default=DEFAULT_REGISTRY_DIR)
     plugin.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"))
+    plugin.add_argument(
+        "--sim-machine-label",
+        metavar="LABEL",
+        help="with --sim: the Node's label LABEL, when it has one, names this node's simulated machine instead; "
+        "{machine} in --sim-state and --host-driver-root stands for the machine chosen",
+    )
     plugin.add_argument(
         "--sim-persistenced",
         action="store_true",

@@ -81,34 +81,7 @@ export TMPDIR="$work/tmp" # buildah stages blobs under TMPDIR (default /var/tmp)
 exec 9>"$work/.lock"
 flock 9
 
-# The host's apt sources for $suite, $suite-updates, $suite-security (one-line and deb822 files), main only.
-apt_sources() {
-  {
-    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-      awk '$1 == "deb" {sub(/^deb +(\[[^]]*\] +)?/, ""); print $1, $2}'
-    for f in /etc/apt/sources.list.d/*.sources; do
-      [ -f "$f" ] || continue
-      awk '
-        function flush(  u, s, nu, ns, i, j) {
-          if (types ~ /(^| )deb( |$)/ && enabled != "no") {
-            nu = split(uris, u, " "); ns = split(suites, s, " ")
-            for (i = 1; i <= nu; i++) for (j = 1; j <= ns; j++) print u[i], s[j]
-          }
-          types = uris = suites = enabled = ""
-        }
-        /^[ \t]*#/ {next}
-        /^[ \t]*$/ {flush(); next}
-        /^[A-Za-z-]+:/ {
-          key = tolower(substr($0, 1, index($0, ":") - 1)); val = substr($0, index($0, ":") + 1)
-          gsub(/^[ \t]+|[ \t]+$/, "", val)
-          if (key == "types") types = val; else if (key == "uris") uris = val
-          else if (key == "suites") suites = val; else if (key == "enabled") enabled = tolower(val)
-        }
-        END {flush()}' "$f"
-    done
-  } | awk -v suite="$suite" '$2 == suite || $2 == suite "-updates" || $2 == suite "-security" || $2 == suite "/updates" {
-        print "deb " $1 " " $2 " main"}' | sort -u
-}
+. "$here/scripts/apt-sources.sh"
 
 # --- 1. the base image -------------------------------------------------------------------------------------------
 base_hash="$(printf '%s\n' "$suite" "${mmdebstrap_opts[@]}" "base-import-v1" | sha256sum | cut -c1-16)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.cluster import images
+from tests.cluster import images, netfilter
 from tests.cluster.controlplane import ControlPlane, KubectlError
 from tests.cluster.node import DEVICE_PLUGIN_CHECKPOINT, Node
 from tests.polling import wait_until
@@ -23,9 +23,11 @@ STALE_CHECKPOINT = (
 
 def test_a_stopped_node_leaves_nothing_on_the_host(node_binaries: Path, no_shared_node: None) -> None:
     """Its own control plane and node (so it runs with no other node alive): a pod running at stop() time, then
-    every process, mount, network namespace, cgroup, bridge, address, sysctl and directory checked. It starts where a
-    killed session left the kubelet's device-plugin checkpoint, which a new kubelet would restore into its Node's
-    capacity (every later module on the shared node then found it unfit and started a node of its own)."""
+    every process, mount, network namespace, cgroup, bridge, address, sysctl, iptables/nftables rule and directory
+    checked. It starts where a killed session left the kubelet's device-plugin checkpoint, which a new kubelet would
+    restore into its Node's capacity (every later module on the shared node then found it unfit and started a node of
+    its own). The kubelet makes no iptables chain (makeIPTablesUtilChains: false): before, it left KUBE-FIREWALL in the
+    host's INPUT and OUTPUT, its canaries and its hint behind."""
     made = [p for p in reversed(DEVICE_PLUGIN_CHECKPOINT.parents) if not p.exists()]
     DEVICE_PLUGIN_CHECKPOINT.parent.mkdir(parents=True, exist_ok=True)
     DEVICE_PLUGIN_CHECKPOINT.write_text(STALE_CHECKPOINT)
@@ -36,6 +38,7 @@ def test_a_stopped_node_leaves_nothing_on_the_host(node_binaries: Path, no_share
             try:
                 capacity = cp.kubectl_json("get", "node", node.name)["status"]["capacity"]
                 assert not [r for r in capacity if r.startswith("nvidia.com/")], capacity
+                assert netfilter.kubelet_chains() == []
                 work, state = node.work_dir, node.state_dir
                 pod = workload_pod("left-running", volumes=[{"name": "scratch", "emptyDir": {"medium": "Memory"}}])
                 pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]

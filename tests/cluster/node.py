@@ -8,8 +8,10 @@ containerd (`import_image`); every registry points at a dead loopback port, so n
 Settings that matter on this kind of machine: cgroup v1 with cgroupfs and
 `failCgroupV1: false`; `restrict_oom_score_adj` (root here lacks CAP_SYS_RESOURCE, runc cannot lower oom_score_adj);
 a bridge CNI network without gateway, masquerade or routes, so pods get an isolated eth0; the kubelet listens on
-127.0.0.1 only. `stop()` undoes everything the node did to the host: processes by PID (containers included), mounts,
-network namespaces, cgroups, the bridge and the sysctls the kubelet sets.
+127.0.0.1 only; `makeIPTablesUtilChains: false`, so that the kubelet leaves the host's iptables alone
+(tests.cluster.netfilter). `stop()` undoes everything the node did to the host: processes by PID (containers
+included), mounts, network namespaces, cgroups, the bridge, the sysctls the kubelet sets and any iptables chain or rule
+that appeared. `start()` first removes what a killed session's node left (`remove_killed_node_leftovers`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.cluster import netcheck
+from tests.cluster import netcheck, netfilter
 from tests.cluster.controlplane import (
     DEFAULT_CONTROLLERS,
     REPO_ROOT,
@@ -103,6 +105,38 @@ def node_unavailable_reason() -> str | None:
     if not (CGROUP_ROOT / "memory").is_dir() and not (CGROUP_ROOT / "cgroup.controllers").exists():
         return "no usable cgroup hierarchy under /sys/fs/cgroup"
     return None
+
+
+def lock_host(timeout: float) -> int | None:
+    """Take NODE_LOCK (no node of any session runs while it is held), waiting up to `timeout` seconds: the open
+    descriptor (os.close releases it), or None when another node still held it."""
+    fd = os.open(NODE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.5)
+
+
+def remove_killed_node_leftovers() -> list[str]:
+    """Remove what a node of a killed session left on the host network, as far as it is recognisably a node's: its
+    address on lo (one of netcheck.NODE_IP_CANDIDATES), its CNI bridge, and the kubelet's iptables chains and the
+    jumps to them (netfilter.remove_kubelet_leftovers: not while a kubelet runs in this network namespace). Only
+    while holding NODE_LOCK, so that no node runs. Returns what it removed."""
+    removed: list[str] = []
+    shown = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    for address in (f"{c}/32" for c in netcheck.NODE_IP_CANDIDATES if f" {c}/32 " in shown):
+        if subprocess.run(["ip", "addr", "del", address, "dev", "lo"], capture_output=True).returncode == 0:
+            removed.append(f"address {address} on lo")
+    if subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True).returncode == 0:
+        removed.append(f"link {BRIDGE}")
+    removed += netfilter.remove_kubelet_leftovers()
+    return removed
 
 
 def _read_sysctl(name: str) -> str | None:
@@ -188,6 +222,7 @@ class Node:
         self._created_host_paths: list[Path] = []
         self._added_node_ip = False
         self._host_before: dict[str, Any] = {}
+        self._netfilter_before: netfilter.Snapshot | None = None
         # The Node's address (InternalIP: the kubelet refuses a loopback one, and the API server reaches the kubelet
         # by it), on lo, and its pods' subnet: chosen at start among addresses this machine neither has nor routes
         # (tests.cluster.netcheck; 192.0.2.1, once used here, is these machines' gateway).
@@ -266,19 +301,9 @@ class Node:
         return self
 
     def _acquire_host(self) -> None:
-        fd = os.open(NODE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
-        deadline = time.monotonic() + self.lock_wait_timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise NodeError(
-                        f"another test node holds {NODE_LOCK} (waited {self.lock_wait_timeout:.0f}s)"
-                    ) from None
-                time.sleep(0.5)
+        fd = lock_host(self.lock_wait_timeout)
+        if fd is None:
+            raise NodeError(f"another test node holds {NODE_LOCK} (waited {self.lock_wait_timeout:.0f}s)")
         self._lock_fd = fd
 
     def _start(self) -> None:
@@ -290,11 +315,13 @@ class Node:
             self._work = Path(tempfile.mkdtemp(prefix="dn-"))
         self._state = Path(tempfile.mkdtemp(prefix="dn-", dir="/run"))
         (self.work_dir / "logs").mkdir(exist_ok=True)
+        remove_killed_node_leftovers()  # we hold the lock: no node runs, what is there is a killed one's
         self._sysctls = {name: _read_sysctl(name) for name in KUBELET_SYSCTLS}
         self._netns_before = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
         self._created_host_paths = [p for p in FIXED_HOST_PATHS if not p.exists()]
         DEVICE_PLUGIN_CHECKPOINT.unlink(missing_ok=True)  # another node's: none runs while this one holds the lock
         self._choose_addresses()
+        self._netfilter_before = netfilter.snapshot()
         self._host_before = self._host_state()
         self.node_bin_dir = ensure_node_binaries()
         self._add_node_ip()
@@ -334,6 +361,9 @@ class Node:
                     (NETNS_DIR / ns).unlink()
         self._remove_cgroups()
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+        if self._netfilter_before is not None:  # the kubelet leaves iptables alone; should anything have appeared
+            netfilter.remove_added(self._netfilter_before)
+            self._netfilter_before = None
         if self._added_node_ip:
             subprocess.run(["ip", "addr", "del", f"{self.ip}/32", "dev", "lo"], capture_output=True)
             self._added_node_ip = False
@@ -366,13 +396,16 @@ class Node:
             "bridge": link.returncode == 0,
             "node ip on lo": bool(self.ip) and f" {self.ip}/" in lo,
             "netns": sorted(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else [],
+            "ruleset": list(netfilter.ruleset()),
         }
 
     def leftovers(self, work_dir: Path, state_dir: Path) -> dict[str, Any]:
         """After `stop()`: everything that differs from the host before `start()` (empty when the node left nothing
         behind), plus processes, mounts and directories of the node's work and state directories."""
         after = self._host_state()
-        diff = {k: (self._host_before.get(k), v) for k, v in after.items() if self._host_before.get(k) != v}
+        diff: dict[str, Any] = {
+            k: (self._host_before.get(k), v) for k, v in after.items() if self._host_before.get(k) != v
+        }
         procs = [(pid, argv) for pid, argv in _process_cmdlines() if any(str(state_dir) in a for a in argv)]
         if procs:
             diff["processes"] = procs
@@ -386,11 +419,8 @@ class Node:
 
     def _choose_addresses(self) -> None:
         """The node's address and its pods' subnet: the first candidates this machine neither has nor routes, and
-        the control plane's service range checked the same way (NodeError naming the conflicts otherwise)."""
-        shown = subprocess.run(["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True).stdout
-        for candidate in netcheck.NODE_IP_CANDIDATES:  # a killed node's address (we hold the node lock): removed
-            if f" {candidate}/32 " in shown:
-                subprocess.run(["ip", "addr", "del", f"{candidate}/32", "dev", "lo"], capture_output=True)
+        the control plane's service range checked the same way (NodeError naming the conflicts otherwise). A killed
+        node's address is gone by now (remove_killed_node_leftovers)."""
         networks = netcheck.host_networks()
         try:
             self.ip = netcheck.choose("node address", netcheck.NODE_IP_CANDIDATES, networks)
@@ -641,6 +671,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "syncFrequency": "10s",
             "nodeStatusUpdateFrequency": "5s",
             "shutdownGracePeriod": "0s",
+            # Otherwise the kubelet adds chains to the host's iptables (KUBE-FIREWALL jumped to from INPUT and OUTPUT,
+            # KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY: tests.cluster.netfilter) and never removes them.
+            "makeIPTablesUtilChains": False,
             **self.kubelet_config,
         }
         (self.work_dir / "kubelet.yaml").write_text(json.dumps(config, indent=2))
