@@ -5,8 +5,8 @@ nvml.simulator.machineLabel).
 
 What one node cannot show: pods with whole GPUs, MIG partitions and a shared GPU on both workers, one job's pods on
 both, the webhook reached by the API server through its Service (kube-proxy, the pod network from the control plane
-to a worker), a rolling update of the driver across both workers that leaves running pods alone, and every node's
-driver log clean.
+to a worker), a rolling update of the driver across both workers that leaves running pods alone, a Prometheus in the
+cluster recording both workers' GPU-hours, and every node's driver log clean.
 
 The module's name puts it in the real node's group (tests/cluster/fixtures.py): one worker runs both, one after the
 other, as both set the kubelet's host sysctls and put them back.
@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +26,7 @@ import pytest
 
 from tests.cluster import docker as docker_mod
 from tests.cluster import images
-from tests.cluster.controlplane import ControlPlaneError, ensure_binaries
+from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, ensure_binaries
 from tests.cluster.driver import CHART, DRIVER_NAME, driver_image, helm_binary
 from tests.cluster.kind import MACHINE_LABEL, KindCluster
 from tests.cluster.logs import _driver_problem
@@ -33,7 +34,7 @@ from tests.polling import wait_until
 
 D = DRIVER_NAME
 NS = "default"
-RELEASE, DRIVER_NS = "dra-driver", "dra-driver"
+RELEASE, DRIVER_NS, PROM_NS = "dra-driver", "dra-driver", "monitoring"
 CONFIG_API = "gpu.resource.dra-driver.dev/v1alpha1"
 MACHINES = ("dgx-h100", "dgx-b200")
 PRODUCTS = {"dgx-h100": "NVIDIA H100 80GB HBM3", "dgx-b200": "NVIDIA B200"}
@@ -82,9 +83,9 @@ class Kind:
         pods = self.json("get", "pods", "-n", DRIVER_NS)["items"]
         return [p for p in pods if any(o["kind"] == "DaemonSet" for o in p["metadata"].get("ownerReferences", []))]
 
-    def wait_running(self, name: str, timeout: float = 120) -> dict[str, Any]:
+    def wait_running(self, name: str, timeout: float = 120, namespace: str = NS) -> dict[str, Any]:
         def running() -> dict[str, Any] | None:
-            pod = self.json("get", "pod", name, "-n", NS)
+            pod = self.json("get", "pod", name, "-n", namespace)
             return pod if pod["status"].get("phase") == "Running" else None
 
         return wait_until(f"pod {name} Running", running, timeout=timeout)
@@ -107,7 +108,7 @@ def kind() -> Iterator[Kind]:
     cluster = KindCluster(docker, machines=MACHINES)
     try:
         cluster.create()
-        for archive in (driver_image(), images.workload_image()):
+        for archive in (driver_image(), images.workload_image(), images.prometheus_image()):
             cluster.run_kind("load", "image-archive", str(archive), "--name", cluster.name, timeout=300)
         k = Kind(cluster, str(bin_dir / "kubectl"), str(helm_binary()))
         k.install()
@@ -325,3 +326,96 @@ def test_the_driver_logs_nothing_at_warning_or_above_on_any_node(kind: Kind) -> 
             problems += [f"{p['spec']['nodeName']}/{container['name']}: {line}" for line in text.splitlines()
                          if _driver_problem(f"{name}/{container['name']}", line)]  # fmt: skip
     assert not problems, "\n".join(problems[:20])
+
+
+def prometheus_objects(rules: str, targets: dict[str, str]) -> list[dict[str, Any]]:
+    """A Prometheus pod that scrapes the driver pods' metrics ports (`targets`: address -> node) across the pod network
+    and evaluates the project's recording rules. Debian's Prometheus is built without Kubernetes service discovery,
+    so the targets are the pods' addresses, read when the test starts."""
+    config = {
+        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+        "rule_files": ["/etc/prometheus/rules.yaml"],
+        "scrape_configs": [
+            {
+                "job_name": "dra-driver",
+                "static_configs": [{"targets": [a], "labels": {"node": n}} for a, n in sorted(targets.items())],
+            }
+        ],
+    }
+    meta = {"name": "prometheus", "namespace": PROM_NS}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROM_NS}},
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta,
+            "data": {"prometheus.yml": json.dumps(config), "rules.yaml": rules},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "prometheus",
+                        "image": images.PROMETHEUS_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "args": [
+                            "--config.file=/etc/prometheus/prometheus.yml",
+                            "--storage.tsdb.path=/prometheus",
+                            "--web.listen-address=:9090",
+                        ],
+                        "ports": [{"name": "web", "containerPort": 9090}],
+                        "volumeMounts": [
+                            {"name": "config", "mountPath": "/etc/prometheus"},
+                            {"name": "data", "mountPath": "/prometheus"},
+                        ],
+                    }
+                ],
+                "volumes": [{"name": "config", "configMap": {"name": "prometheus"}}, {"name": "data", "emptyDir": {}}],
+            },
+        },
+    ]
+
+
+def test_a_prometheus_in_the_cluster_scrapes_both_workers_and_records_their_gpu_hours(kind: Kind) -> None:
+    rules = (REPO_ROOT / "deploy" / "prometheus" / "rules.yaml").read_text()
+    targets = {}
+    for p in kind.driver_pods():
+        port = next(
+            port["containerPort"]
+            for c in p["spec"]["containers"]
+            for port in c.get("ports", [])
+            if port["name"] == "metrics"
+        )
+        targets[f"{p['status']['podIP']}:{port}"] = p["spec"]["nodeName"]
+    kind.apply(*prometheus_objects(rules, targets))
+    kind.apply(template("held", D), *[pod(f"held-{w}", template_name="held", node=w) for w in kind.cluster.workers])
+    try:
+        for w in kind.cluster.workers:
+            kind.wait_running(f"held-{w}")
+        prometheus = kind.wait_running("prometheus", namespace=PROM_NS)
+        base = f"/api/v1/namespaces/{PROM_NS}/pods/prometheus:9090/proxy/api/v1"
+
+        def query(expr: str) -> list[dict[str, Any]]:  # through the API server's proxy, to the pod's IP
+            answer = json.loads(kind.run("get", "--raw", f"{base}/query?query={urllib.parse.quote(expr)}"))
+            return list(answer["data"]["result"])
+
+        # both workers' driver pods scraped, from wherever the Prometheus pod runs
+        # (the pod runs before Prometheus listens: until then the proxy answers 503)
+        wait_until("both driver pods scraped", lambda: len(query('up{job="dra-driver"} == 1')) == 2, 90,
+                   tolerate_errors=True)  # fmt: skip
+        held = wait_until(
+            "GPU-hours recorded for both workers' claims",
+            lambda: (r := query("namespace_claim_product:dra_driver_gpu_held:sum")) and len(r) == 2 and r,
+            90,
+        )
+        assert {r["metric"]["product"] for r in held} == set(PRODUCTS.values())
+        assert all(float(r["value"][1]) == 1.0 for r in held), held
+        assert prometheus["spec"]["nodeName"] in kind.cluster.workers
+    finally:
+        kind.run("delete", "pod", "-n", NS, "--wait=true", *[f"held-{w}" for w in kind.cluster.workers])
+        kind.run("delete", "namespace", PROM_NS, "--wait=true")

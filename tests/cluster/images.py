@@ -29,6 +29,7 @@ import platform
 import re
 import stat
 import struct
+import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -363,6 +364,36 @@ def workload_image(cache: Path | None = None, busybox: Path = BUSYBOX) -> Path:
         WORKLOAD_IMAGE,
         [bb],
         lambda: oci_layout_tar(WORKLOAD_IMAGE, workload_files(bb), entrypoint=[SHOW_DEVICES]),
+        cache,
+    )
+
+
+PROMETHEUS_IMAGE = "localhost/dra-test/prometheus:1"
+PROMETHEUS = Path("/usr/bin/prometheus")
+
+
+def shared_libraries(binary: Path) -> list[Path]:
+    """The shared libraries and loader `binary` needs (from `ldd`), as the paths it asks for."""
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True, timeout=30).stdout
+    found: list[Path] = []
+    for line in out.splitlines():
+        words = line.split()
+        if "=>" in words and len(words) > words.index("=>") + 1 and words[words.index("=>") + 1].startswith("/"):
+            found.append(Path(words[words.index("=>") + 1]))
+        elif words and words[0].startswith("/"):
+            found.append(Path(words[0]))  # the loader
+    return found
+
+
+def prometheus_image(cache: Path | None = None, binary: Path = PROMETHEUS) -> Path:
+    """Debian's Prometheus (the .ci/run package) with the libraries it links (glibc), for a Prometheus pod."""
+    data = binary.read_bytes()
+    libraries = {str(lib): File(lib.resolve().read_bytes(), 0o755) for lib in shared_libraries(binary)}
+    files: dict[str, Entry] = {"/bin/prometheus": File(data, 0o755), "/prometheus": Dir(0o777), **libraries}
+    return cached_image(
+        PROMETHEUS_IMAGE,
+        [data, *(f.data for f in libraries.values())],
+        lambda: oci_layout_tar(PROMETHEUS_IMAGE, files, entrypoint=["/bin/prometheus"], working_dir="/prometheus"),
         cache,
     )
 
