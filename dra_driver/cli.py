@@ -221,6 +221,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         args.node_labels,
         args.ignored_xids,
         metrics_address=args.metrics_address,
+        metrics_share_port=args.metrics_share_port,
         pod_uid=args.pod_uid,
         replicas=args.replicas,
         node_configs=args.node_configs,
@@ -228,11 +229,11 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         numa_form=NumaNodeForm(args.numa_node_form),
     )
     machine, sim_state, host_driver_root = args.sim, args.sim_state, args.host_driver_root
-    if machine and args.sim_machine_label:
+    if machine:
         from dra_driver.simulator.nodemachine import for_machine, machine_of_node
 
-        machine = machine_of_node(machine, args.sim_machine_label, args.node_name, args.kubeconfig)
-    if machine:
+        if args.sim_machine_label:
+            machine = machine_of_node(machine, args.sim_machine_label, args.node_name, args.kubeconfig)
         sim_state, host_driver_root = for_machine(sim_state, machine), for_machine(host_driver_root, machine)
     source = open_source(machine, sim_state, args.sysfs_root, args.proc_root, args.driver_root, host_driver_root)
     if args.sim and args.sim_persistenced:
@@ -422,6 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="the address the metrics listen on (default 127.0.0.1: they have no authentication; 0.0.0.0 or the "
         "pod IP to be scraped from other hosts)",
+    )
+    plugin.add_argument(
+        "--metrics-share-port",
+        action="store_true",
+        help="the metrics port is one of the node's (hostNetwork): take its listening socket from the pod serving it "
+        "(through <plugin-dir>/metrics-handoff.sock) and hand it to the next, so that a rolling update surges and no "
+        "scrape is refused or reset; bind it when no pod hands it over",
     )
     plugin.add_argument("--rediscover-seconds", type=float, default=60.0, help="how often to look at the GPUs again")
     plugin.add_argument(

@@ -63,6 +63,7 @@ class DaemonOptions:
     node_labels: bool = False  # label the Node with GPU facts (needs `patch` on nodes; not in deploy/rbac.yaml)
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS  # XIDs counted in the metrics but never tainting
     metrics_address: str = "127.0.0.1"  # the endpoint has no authentication: loopback unless asked otherwise
+    metrics_share_port: bool = False  # the node's port, handed to the next pod of a rolling update (hostNetwork)
     pod_uid: str = ""  # in the kubelet socket names, for rolling updates with surge ("": dra.sock, <driver>-reg.sock)
     replicas: int | None = None  # shared mode: claims per GPU (slices.devices.check_replicas)
     node_configs: Path | None = None  # named configurations a node label chooses from (controller.nodeconfig)
@@ -242,11 +243,16 @@ def _run_served(
     desired(1, None)  # fail now, not in the background, if this node cannot be expressed in this version
     publisher = Publisher(api, node_name=settings.pool, driver=settings.driver, desired=desired)
     if options.metrics_port is not None:
-        from dra_driver.metricsserver import serve_metrics
+        from dra_driver.metricsserver import METRICS_HANDOFF_SOCKET, SharedPortMetrics, serve_metrics
 
-        metrics = serve_metrics(options.metrics_port, options.metrics_address)
-        cleanup.callback(metrics.server_close)
-        cleanup.callback(metrics.shutdown)
+        if options.metrics_share_port:
+            handoff = settings.plugin_dir / METRICS_HANDOFF_SOCKET
+            shared = SharedPortMetrics(options.metrics_port, options.metrics_address, handoff).start()
+            cleanup.callback(shared.stop)
+        else:
+            metrics = serve_metrics(options.metrics_port, options.metrics_address)
+            cleanup.callback(metrics.server_close)
+            cleanup.callback(metrics.shutdown)
     for part in (publisher, health, claim_status, admin):
         part.start()
         cleanup.callback(part.stop)

@@ -141,14 +141,23 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128  # listen backlog (socketserver's 5 drops a burst's SYNs: a second's retry each)
 
-    def __init__(self, address: Any, handler: type[BoundedHandler], limits: Limits) -> None:
+    def __init__(
+        self, address: Any, handler: type[BoundedHandler], limits: Limits, *, listener: socket.socket | None = None
+    ) -> None:
+        """`listener`: a socket already listening on `address` (another process's, handed over), served as it is."""
         if isinstance(address, tuple):  # an IP address and port (a Unix socket's server sets AF_UNIX itself)
             self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.limits = limits
         self._lock = threading.Lock()
         self._open: dict[socket.socket, _Conn] = {}  # by the accepted socket
         self._local = threading.local()  # the connection of the thread serving it
-        super().__init__(address, handler)
+        super().__init__(address, handler, bind_and_activate=listener is None)
+        if listener is not None:
+            self.socket.close()
+            self.socket = listener
+            name = listener.getsockname()
+            self.server_address = name
+            self.server_name, self.server_port = str(name[0]), int(name[1])
 
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)  # not HTTPServer's: its getfqdn() is a DNS lookup at start

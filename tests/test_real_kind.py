@@ -19,6 +19,7 @@ import os
 import subprocess
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, ensure_bina
 from tests.cluster.driver import CHART, DRIVER_NAME, driver_image, helm_binary
 from tests.cluster.kind import MACHINE_LABEL, KindCluster
 from tests.cluster.logs import _driver_problem
+from tests.cluster.prometheus import MetricsWatch
 from tests.polling import wait_until
 
 D = DRIVER_NAME
@@ -39,6 +41,7 @@ CONFIG_API = "gpu.resource.dra-driver.dev/v1alpha1"
 MACHINES = ("dgx-h100", "dgx-b200")
 PRODUCTS = {"dgx-h100": "NVIDIA H100 80GB HBM3", "dgx-b200": "NVIDIA B200"}
 REQUIRE = os.environ.get("DRA_K8S_REQUIRE") == "1"
+METRICS_PORT = 8080  # the chart's metrics.port
 
 
 class Kind:
@@ -286,21 +289,48 @@ def test_the_api_server_reaches_the_webhook_through_its_service(kind: Kind) -> N
     assert webhook_nodes and kind.cluster.control_plane not in webhook_nodes  # so the call crossed nodes
 
 
-def test_a_rolling_update_replaces_the_driver_on_both_workers_and_leaves_running_pods_alone(kind: Kind) -> None:
+def kubelet_log_since(kind: Kind, node: str, since: str) -> list[str]:
+    return kind.cluster.node_exec(node, "journalctl", "-u", "kubelet", "-o", "cat", "--no-pager", "--since", since,
+                                  check=False).splitlines()  # fmt: skip
+
+
+@pytest.mark.parametrize("host_network", [False, True], ids=["pod-network", "host-network"])
+def test_a_rolling_update_replaces_the_driver_on_both_workers_without_a_gap(kind: Kind, host_network: bool) -> None:
+    """The chart's default update surges, on the pods' network and on the node's (where the metrics port is the
+    node's): on every worker the kubelet holds the new instance beside the old one and never none, the metrics
+    answer throughout (on the node's address), and pods with prepared claims keep running."""
+    network = ("--set", f"hostNetwork={str(host_network).lower()}")
+    kind.install(*network)  # a change of network rolls the pods too: wait for that before measuring
+    wait_until("driver pods of this network", lambda: all(bool(p["spec"].get("hostNetwork")) == host_network
+               and p["status"].get("phase") == "Running" for p in kind.driver_pods()) or None, 120)  # fmt: skip
     kind.apply(
         template("steady", D), *[pod(f"steady-{w}", template_name="steady", node=w) for w in kind.cluster.workers]
     )
     try:
         before = {w: kind.wait_running(f"steady-{w}") for w in kind.cluster.workers}
         old = {p["metadata"]["uid"] for p in kind.driver_pods()}
-        kind.install("--set-string", f"podAnnotations.rollout={time.time_ns()}")
+        since = kind.cluster.node_exec(kind.cluster.control_plane, "date", "+%Y-%m-%d %H:%M:%S").strip()
+        node_ips = {p["spec"]["nodeName"]: p["status"]["hostIP"] for p in kind.driver_pods()}
+        watches = (
+            [MetricsWatch(lambda ip=ip: scrape_node(ip)).start() for ip in node_ips.values()] if host_network else []
+        )
+        kind.install(*network, "--set-string", f"podAnnotations.rollout={time.time_ns()}")
 
         def replaced() -> list[dict[str, Any]] | None:  # surge: an old pod goes once its node's new one is ready
             pods = kind.driver_pods()
             return None if old & {p["metadata"]["uid"] for p in pods} else pods
 
         new = wait_until("every node's driver pod replaced", replaced, timeout=120)
+        time.sleep(1)  # the old pods' last second
+        for watch in watches:
+            answered, failed = watch.stop()
+            assert answered > 10 and not failed, f"{answered} scrapes answered; failed: {failed[:5]}"
         assert sorted(p["spec"]["nodeName"] for p in new) == sorted(kind.cluster.workers)
+        for w in kind.cluster.workers:
+            log = kubelet_log_since(kind, w, since)
+            assert any("Registered DRA plugin" in line and "numPlugins=2" in line for line in log), (w, log[-20:])
+            gaps = [line for line in log if "Unregistered DRA plugin" in line and "numPlugins=0" in line]
+            assert not gaps, (w, gaps)
         for w, was in before.items():
             now = kind.json("get", "pod", f"steady-{w}", "-n", NS)
             assert now["metadata"]["uid"] == was["metadata"]["uid"]
@@ -315,6 +345,15 @@ def test_a_rolling_update_replaces_the_driver_on_both_workers_and_leaves_running
     finally:
         names = [f"{p}-{w}" for p in ("steady", "after") for w in kind.cluster.workers]
         kind.run("delete", "pod", "-n", NS, "--wait=true", "--ignore-not-found", *names)
+        if host_network:
+            kind.install("--set", "hostNetwork=false")
+
+
+def scrape_node(ip: str) -> str:
+    """The driver's metrics on a node's address (hostNetwork), from this machine over the nodes' Docker network."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{ip}:{METRICS_PORT}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
 
 
 def test_the_driver_logs_nothing_at_warning_or_above_on_any_node(kind: Kind) -> None:

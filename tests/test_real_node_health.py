@@ -37,9 +37,9 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def cluster(real_node: Node) -> Iterator[Cluster]:
-    # Without the metrics port on the host network the DaemonSet's update surges (maxSurge 1): the new driver pod
-    # starts beside the old one, as on a production node; the last test relies on it.
-    with deployed(real_node, values=["--set", "metrics.enabled=false"]) as c:
+    # The DaemonSet's update surges (maxSurge 1; on the node's network too, the pods sharing the metrics port): the
+    # new driver pod starts beside the old one, as on a production node; the last test relies on it.
+    with deployed(real_node) as c:
         yield c
 
 

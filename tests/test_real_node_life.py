@@ -1,7 +1,8 @@
 """Life events on the real node with the driver deployed by its chart: a kubelet restart with prepared claims, the
 driver pod deleted and recreated, the driver container SIGKILLed during a prepare, and a DaemonSet rolling update
-with surge (two driver pods on the node at once). After each, running pods keep their devices, new claims prepare,
-and deleting the pods leaves no CDI spec, checkpoint entry or MIG instance behind."""
+with surge (two driver pods on the node at once, on the node's network, sharing the metrics port). After each,
+running pods keep their devices, new claims prepare, and deleting the pods leaves no CDI spec, checkpoint entry or
+MIG instance behind."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.cluster.driver import DRIVER_NAME as D
 from tests.cluster.node import Node
+from tests.cluster.prometheus import MetricsWatch
 from tests.polling import wait_until
 from tests.test_real_pods import GPU, NS, Cluster, deployed, mig, pod, req, template
 
@@ -114,15 +116,19 @@ def test_a_driver_killed_during_a_prepare_is_restarted_and_the_kubelet_retries(c
 
 
 def test_a_rolling_update_with_surge_keeps_serving(cluster: Cluster) -> None:
+    """On the node's network (hostNetwork, as this node's chart values have it) with the metrics port on: both pods
+    listen on the node's port (SO_REUSEPORT), so the update surges, and neither the kubelet's plugin nor the metrics
+    endpoint is missing for a moment."""
     release = cluster.release
     registry = release.node.kubelet_dir / "plugins_registry"
     old = driver_pod(cluster)["metadata"]["name"]
     cluster.apply(pod("across-update", template_name="one-1g"))
     cluster.wait_running("across-update")
     lines_before = len(release.node.kubelet_log.read_text(errors="replace").splitlines())
-    # hostNetwork with a metrics port would forbid two pods on one node: surge needs the port off
-    release.install("--set", "metrics.enabled=false", "--set-string", "podAnnotations.revision=2", wait=False)
+    scrapes = MetricsWatch(release.metrics).start()
+    release.install("--set-string", "podAnnotations.revision=2", wait=False)
     ds = cluster.cp.kubectl_json("get", "daemonset", release.release, "-n", release.namespace)
+    assert ds["spec"]["template"]["spec"]["hostNetwork"] is True
     assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 1
 
     def two_registered() -> bool:
@@ -133,6 +139,11 @@ def test_a_rolling_update_with_surge_keeps_serving(cluster: Cluster) -> None:
     wait_until("old and new driver registered side by side", two_registered, timeout=120)
     wait_until("the old pod gone", lambda: old not in [p["metadata"]["name"] for p in release.pods()], timeout=120)
     release.wait_rollout(time.monotonic() + 120)
+    answered, failed = scrapes.stop()
+    assert answered > 10 and not failed, f"{answered} scrapes answered during the update; failed: {failed[:5]}"
+    log = release.node.kubelet_log.read_text(errors="replace").splitlines()[lines_before:]
+    gaps = [line for line in log if "Unregistered DRA plugin" in line and "numPlugins=0" in line]
+    assert not gaps, gaps  # the kubelet never held no instance of the driver
     wait_until("one registration socket", lambda: len(list(registry.glob(f"{D}-*-reg.sock"))) == 1, timeout=60)
     (sock,) = registry.glob(f"{D}-*-reg.sock")
     assert driver_pod(cluster)["metadata"]["uid"] in sock.name  # the new instance's own socket survived the old

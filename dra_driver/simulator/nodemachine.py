@@ -24,7 +24,7 @@ def machine_of_node(default: str, label: str, node_name: str, kubeconfig: Path |
     """The value of the Node's `label`, checked against the known machines; `default` when the Node has none."""
     try:
         node = connect(kubeconfig).get(path_of("", "v1", "nodes", node_name), timeout=LOOKUP_TIMEOUT_S)
-    except (ApiError, OSError) as e:
+    except (ApiError, OSError, ValueError) as e:  # ValueError: no kubeconfig and not in a pod
         raise MachineLabelError(f"cannot read Node {node_name} for its label {label}: {e}") from e
     value = str(((node.get("metadata") or {}).get("labels") or {}).get(label) or "")
     if not value:

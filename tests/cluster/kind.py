@@ -8,6 +8,7 @@ feature gates, runtime config and containerd patches. What the tests add to the 
   - the pod network: the image's own (dra-kind-cni, deploy/kind/node/) in place of kindnetd, which is not on the Go
     module proxy, so `disableDefaultCNI`;
   - kubeadm skips CoreDNS (no registry serves its image and nothing here resolves names);
+  - the kubelets log at verbosity 3, as the real node's (the DRA plugins they register and unregister);
   - the nodes' own Docker network (KIND_EXPERIMENTAL_DOCKER_NETWORK), IPv4 only, on a subnet the host does not route.
 The kubelets of the nodes set the same global sysctls as the real node's; they are put back on delete.
 """
@@ -82,9 +83,9 @@ def cluster_config(workers: Mapping[str, str], *, base: Path = KIND_CONFIG) -> d
     networking.update({"disableDefaultCNI": True, "ipFamily": "ipv4", "kubeProxyMode": "iptables"})
     config["networking"] = networking
     patches = list(config.get("kubeadmConfigPatches") or [])
-    patches.append(
-        "kind: InitConfiguration\nskipPhases:\n  - addon/coredns\n",
-    )
+    patches.append("kind: InitConfiguration\nskipPhases:\n  - addon/coredns\n")
+    # as the real node's kubelet: at 3 it logs each DRA plugin it registers and unregisters, with how many it holds
+    patches.append("kind: KubeletConfiguration\nlogging:\n  verbosity: 3\n")
     config["kubeadmConfigPatches"] = patches
     return config
 

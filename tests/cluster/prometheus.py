@@ -16,7 +16,9 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -129,3 +131,34 @@ class PrometheusServer:
 
     def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
         self.stop()
+
+
+class MetricsWatch:
+    """Scrapes `scrape` back to back in a thread until stopped: how many answered, and the errors of those that
+    did not."""
+
+    def __init__(self, scrape: Callable[[], str]) -> None:
+        self.scrape = scrape
+        self.answered, self.failed = 0, []  # type: int, list[str]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scrapes", daemon=True)
+
+    def start(self) -> MetricsWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if "dra_driver_" in self.scrape():
+                    self.answered += 1
+                else:
+                    self.failed.append("an answer without the driver's metrics")
+            except OSError as e:
+                self.failed.append(str(e))
+            self._stop.wait(0.05)
+
+    def stop(self) -> tuple[int, list[str]]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.answered, self.failed

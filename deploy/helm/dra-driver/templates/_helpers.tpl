@@ -98,18 +98,6 @@ whole GPUs cost on 1.37 too, more as the cluster fills, and before 1.37 more wit
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if include "dra-driver.hostPortClash" . -}}
-{{- $surge := toString (dig "rollingUpdate" "maxSurge" 0 .Values.updateStrategy) -}}
-{{- if not (has $surge (list "0" "0%")) -}}
-{{- fail "updateStrategy: maxSurge with hostNetwork and metrics.enabled: the new pod would need the metrics port on the node while the old one holds it; set metrics.enabled=false or a strategy without maxSurge" -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-
-{{/* Non-empty when the pod listens on a port of the node (hostNetwork: the metrics port): two pods of the DaemonSet
-cannot run on one node at once then. */}}
-{{- define "dra-driver.hostPortClash" -}}
-{{- if and .Values.hostNetwork .Values.metrics.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{/* featureGates as Name=true,Other=false (sorted). */}}
