@@ -1,6 +1,16 @@
-# Sourced by the image scripts (build-driver-image.sh, build-kind-node-image.sh): apt_sources prints this machine's
-# apt sources for Debian $suite, $suite-updates and $suite-security (one-line and deb822 files), main only, one
-# "deb URI SUITE main" line each, for mmdebstrap.
+# Sourced by the image scripts (build-driver-image.sh, build-kind-node-image.sh): how they make a Debian tree.
+# mmdebstrap_slim: no recommends, a merged /usr without the usrmerge package (and perl), no docs, man pages or
+# locales. apt_sources prints this machine's apt sources for Debian $suite, $suite-updates and $suite-security
+# (one-line and deb822 files), main only, one "deb URI SUITE main" line each, for mmdebstrap.
+mmdebstrap_slim=(
+  --aptopt='APT::Install-Recommends "false"'
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
+  --dpkgopt='path-exclude=/usr/share/doc/*'
+  --dpkgopt='path-exclude=/usr/share/man/*'
+  --dpkgopt='path-exclude=/usr/share/locale/*'
+  --dpkgopt='path-exclude=/usr/share/info/*'
+)
+
 apt_sources() {
   {
     cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |

@@ -27,16 +27,8 @@ python="${PYTHON:-$here/.venv/bin/python}"
 suite=bookworm
 suite_python=3.11
 packages=python3,python3-venv,libstdc++6
-mmdebstrap_opts=(
-  --variant=essential
-  --include="$packages"
-  --aptopt='APT::Install-Recommends "false"'
-  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr # merged /usr without the usrmerge package (and perl)
-  --dpkgopt='path-exclude=/usr/share/doc/*'
-  --dpkgopt='path-exclude=/usr/share/man/*'
-  --dpkgopt='path-exclude=/usr/share/locale/*'
-  --dpkgopt='path-exclude=/usr/share/info/*'
-)
+. "$here/scripts/apt-sources.sh"
+mmdebstrap_opts=(--variant=essential --include="$packages" "${mmdebstrap_slim[@]}")
 
 log() { echo "build-driver-image: $*" >&2; }
 now() { date +%s.%N; }
@@ -80,8 +72,6 @@ mkdir -p "$work/tmp"
 export TMPDIR="$work/tmp" # buildah stages blobs under TMPDIR (default /var/tmp)
 exec 9>"$work/.lock"
 flock 9
-
-. "$here/scripts/apt-sources.sh"
 
 # --- 1. the base image -------------------------------------------------------------------------------------------
 base_hash="$(printf '%s\n' "$suite" "${mmdebstrap_opts[@]}" "base-import-v1" | sha256sum | cut -c1-16)"

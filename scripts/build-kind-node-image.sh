@@ -31,14 +31,7 @@ pause_tag=3.10.2
 registry=registry.k8s.io
 node_packages=systemd,systemd-sysv,dbus,runc,iptables,nftables,iproute2,conntrack,ethtool,socat,util-linux,mount,kmod,procps,ca-certificates,libseccomp2,bash
 proxy_packages=iptables,nftables,conntrack,libcap2
-mmdebstrap_common=(
-  --aptopt='APT::Install-Recommends "false"'
-  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
-  --dpkgopt='path-exclude=/usr/share/doc/*'
-  --dpkgopt='path-exclude=/usr/share/man/*'
-  --dpkgopt='path-exclude=/usr/share/locale/*'
-  --dpkgopt='path-exclude=/usr/share/info/*'
-)
+. "$here/scripts/apt-sources.sh"
 
 log() { echo "build-kind-node-image: $*" >&2; }
 now() { date +%s.%N; }
@@ -78,18 +71,17 @@ mkdir -p "$work"
 exec 9>"$work/.lock"
 flock 9
 t_all="$(now)"
-. "$here/scripts/apt-sources.sh"
 mapfile -t mirrors < <(apt_sources)
 
 # Debian trees, cached per package list (mmdebstrap takes a minute or two each)
 debian_tar() { # name variant packages
   local name="$1" variant="$2" packages="$3" key tar
-  key="$(printf '%s\n' "$suite" "$variant" "$packages" "${mmdebstrap_common[@]}" | sha256sum | cut -c1-16)"
+  key="$(printf '%s\n' "$suite" "$variant" "$packages" "${mmdebstrap_slim[@]}" | sha256sum | cut -c1-16)"
   tar="$work/debian-$name-$key.tar"
   if [ ! -f "$tar" ]; then
     local t0
     t0="$(now)"
-    mmdebstrap --quiet --format=tar --variant="$variant" --include="$packages" "${mmdebstrap_common[@]}" \
+    mmdebstrap --quiet --format=tar --variant="$variant" --include="$packages" "${mmdebstrap_slim[@]}" \
       "$suite" "$tar.tmp" "${mirrors[@]}" >&2
     mv "$tar.tmp" "$tar"
     find "$work" -maxdepth 1 -name "debian-$name-*.tar" ! -name "$(basename "$tar")" -delete

@@ -13,7 +13,7 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.tools import forkserver
 
 # tests.hostcheck: the session fails when it leaves the host's addresses, routes, ruleset or sysctls changed
-pytest_plugins = ["tests.cluster.fixtures", "tests.hostcheck"]
+pytest_plugins = ["tests.cluster.fixtures", "tests.hostcheck", "tests.netns"]  # netns: the `netns` fixture
 
 # The simulated nvidia-smi that this session's processes run on the host goes through a fork server (0.2 s a call
 # instead of 0.8 s); a driver in a pod never has it. DRA_SIM_TOOL_SERVER=0 runs every call as its own process.

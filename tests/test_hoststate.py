@@ -4,11 +4,8 @@ built on it). Changes are made in a network namespace of the test's own, never o
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ import pytest
 from tests import hoststate
 from tests.cluster.controlplane import REPO_ROOT
 from tests.cluster.netfilter import normalise_iptables_save, normalise_nft
+from tests.netns import needs_netns, ns
 
 ADDR_BEFORE = """\
 1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
@@ -118,31 +116,6 @@ def test_sysctl_differences_name_both_values() -> None:
 
 
 # -- in a network namespace of the test's own ----------------------------------------------------------------------
-
-
-def _netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    missing = [c for c in ("ip", "nft", "iptables", "iptables-save") if shutil.which(c) is None]
-    return f"not installed: {', '.join(missing)}" if missing else None
-
-
-needs_netns = pytest.mark.skipif(_netns_unavailable() is not None, reason=str(_netns_unavailable()))
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    """A fresh network namespace (only lo, down), deleted afterwards."""
-    name = f"dra-hs-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=True)
-
-
-def ns(netns: str, *argv: str) -> None:
-    subprocess.run(["ip", "netns", "exec", netns, *argv], check=True, capture_output=True)
 
 
 def add_dummy(netns: str, name: str) -> None:

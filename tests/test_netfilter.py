@@ -5,20 +5,16 @@ namespace of its own with what kubelet v1.37.2 does (pkg/kubelet/kubelet_network
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from tests.cluster import netfilter
 from tests.cluster.node import Node
+from tests.netns import needs_netns, ns
 
 # syncIPTablesRules, then the canary monitor, through `iptables`/`ip6tables` (EnsureChain: -N, "exists" is fine;
 # EnsureRule: -C, then -I or -A).
@@ -39,30 +35,6 @@ KUBELET_RULES = [
      "127.0.0.0/8", "!", "--src", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT",
      "-j", "DROP"),
 ]  # fmt: skip
-
-
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    missing = [c for c in ("ip", "nft", "iptables", "ip6tables", "iptables-save") if shutil.which(c) is None]
-    return f"not installed: {', '.join(missing)}" if missing else None
-
-
-needs_netns = pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"dra-nf-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=True)
-
-
-def ns(netns: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", "netns", "exec", netns, *argv], check=check, capture_output=True, text=True)
 
 
 def run_kubelet_setup(netns: str) -> None:

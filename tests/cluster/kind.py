@@ -27,6 +27,7 @@ import yaml
 
 from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, _tail
 from tests.cluster.docker import BRIDGE, Docker, thaw_frozen
+from tests.cluster.driver import _script_output
 from tests.cluster.node import KUBELET_SYSCTLS, NODE_LOCK, _read_sysctl, lock_host
 
 KIND_CONFIG = REPO_ROOT / "deploy" / "kind-config.yaml"
@@ -36,23 +37,14 @@ NETWORK = "dra-kind"
 MACHINE_LABEL = "sim.gpu.dra-driver.dev/machine"
 
 
-def _script_output(script: Path, timeout: float = 3600) -> Path:
-    env = dict(os.environ)
-    env["PATH"] = env.get("PATH", "") + os.pathsep + "/usr/local/go/bin"
-    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise ControlPlaneError(f"{script} failed ({proc.returncode}):\n{_tail(proc.stderr)}")
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
 def kind_tools() -> Path:
     """The bin directory of kind, kubeadm, kube-proxy and crictl (scripts/build-kind-tools.sh; cached)."""
-    return _script_output(TOOLS_SCRIPT)
+    return _script_output(TOOLS_SCRIPT, timeout=3600)
 
 
 def node_image_dir() -> Path:
     """The node image's rootfs and import settings (scripts/build-kind-node-image.sh; cached)."""
-    return _script_output(IMAGE_SCRIPT)
+    return _script_output(IMAGE_SCRIPT, timeout=3600)
 
 
 def ensure_node_image(docker: Docker) -> str:
