@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests import hoststate
 from tests.cluster import docker as docker_mod
 from tests.cluster import images
 from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, ensure_binaries
@@ -107,6 +108,7 @@ def kind() -> Iterator[Kind]:
         _skip_or_fail(reason)
     bin_dir = ensure_binaries()
     docker = docker_mod.Docker()
+    host_before = hoststate.capture()
     docker.start()
     cluster = KindCluster(docker, machines=MACHINES)
     try:
@@ -121,6 +123,9 @@ def kind() -> Iterator[Kind]:
             cluster.delete()
         finally:
             docker.stop()
+        # Docker, kind's three nodes and their kubelets left the host's network and sysctls as they were
+        changed = hoststate.diff(host_before, hoststate.capture())
+        assert not changed, "\n".join(changed)
 
 
 def req(name: str, cls: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tests.cluster import netcheck
 from tests.cluster.controlplane import ControlPlaneError, _tail
+from tests.cluster.node import NODE_LOCK, lock_host
 
 CACHE = Path(os.environ.get("DRA_DRIVER_CACHE", Path.home() / ".cache" / "dra-driver"))
 EXEC_ROOT = Path("/run/dra-driver-docker")
@@ -77,6 +78,7 @@ class Docker:
         self.log_path = CACHE / "docker" / "dockerd.log"
         self.subnet = ""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._lock_fd: int | None = None  # NODE_LOCK, from start() to stop()
 
     @property
     def env(self) -> dict[str, str]:
@@ -113,10 +115,28 @@ class Docker:
             "log-level": "warn",
         }
 
-    def start(self) -> None:
+    def start(self, *, lock_wait: float = 600) -> None:
+        """Start the daemon, once no test node runs on this host: kind's nodes run kubelets that set the same host
+        sysctls as the real node's (tests/cluster/node.py, NODE_LOCK), and one daemon of the tests runs at a time
+        (its exec root is fixed). The lock is held until stop()."""
         reason = unavailable_reason()
         if reason:
             raise ControlPlaneError(reason)
+        self._lock_fd = lock_host(lock_wait)
+        if self._lock_fd is None:
+            raise ControlPlaneError(f"another test node holds {NODE_LOCK} (waited {lock_wait:.0f} s)")
+        try:
+            self._start()
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _start(self) -> None:
         self.stop_leftover()
         # the nodes' bridge of an earlier, killed run is ours (the daemon restores its network; delete removes it)
         self.subnet = netcheck.choose("Docker network", SUBNET_CANDIDATES, netcheck.host_networks(), ours=(BRIDGE,))
@@ -170,6 +190,7 @@ class Docker:
             mounted = any(f" {self.exec_root}/" in line for line in f)
         if not mounted:
             shutil.rmtree(self.exec_root, ignore_errors=True)
+        self._unlock()
 
     def stop_leftover(self) -> None:
         """A daemon of an earlier, killed run (its pidfile names it) and its containerd are stopped."""

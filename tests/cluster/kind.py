@@ -15,7 +15,6 @@ The kubelets of the nodes set the same global sysctls as the real node's; they a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import time
@@ -28,7 +27,7 @@ import yaml
 from tests.cluster.controlplane import REPO_ROOT, ControlPlaneError, _tail
 from tests.cluster.docker import BRIDGE, Docker, thaw_frozen
 from tests.cluster.driver import _script_output
-from tests.cluster.node import KUBELET_SYSCTLS, NODE_LOCK, _read_sysctl, lock_host
+from tests.cluster.node import KUBELET_SYSCTLS, _read_sysctl
 
 KIND_CONFIG = REPO_ROOT / "deploy" / "kind-config.yaml"
 IMAGE_SCRIPT = REPO_ROOT / "scripts" / "build-kind-node-image.sh"
@@ -95,7 +94,6 @@ class KindCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix="dra-kind-"))
         self.kubeconfig = self.workdir / "kubeconfig"
         self._sysctls: dict[str, str | None] = {}
-        self._lock_fd: int | None = None
 
     @property
     def nodes(self) -> list[str]:
@@ -116,13 +114,9 @@ class KindCluster:
             raise ControlPlaneError(f"kind {' '.join(args)} failed ({proc.returncode}):\n{_tail(proc.stderr, 60)}")
         return proc.stdout
 
-    def create(self, *, wait: str = "5m", lock_wait: float = 600) -> None:
+    def create(self, *, wait: str = "5m") -> None:
         image = ensure_node_image(self.docker)
-        # the nodes' kubelets set the host's sysctls as a real node's does: one at a time (tests/cluster/node.py)
-        self._lock_fd = lock_host(lock_wait)
-        if self._lock_fd is None:
-            raise ControlPlaneError(f"another test node holds {NODE_LOCK} (waited {lock_wait:.0f} s)")
-        self.delete(unlock=False)  # a cluster of an earlier, killed run
+        self.delete()  # a cluster of an earlier, killed run
         if not self.docker.docker("network", "ls", "-q", "--filter", f"name=^{NETWORK}$").strip():
             self.docker.docker(
                 "network", "create", "--driver", "bridge", "--subnet", self.docker.subnet,
@@ -139,7 +133,7 @@ class KindCluster:
         )  # fmt: skip
         self.created_in = time.monotonic() - started
 
-    def delete(self, *, unlock: bool = True) -> None:
+    def delete(self) -> None:
         if self.name in self.run_kind("get", "clusters", timeout=60).split():
             thaw_frozen()
             self.run_kind("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig), timeout=300)
@@ -148,9 +142,6 @@ class KindCluster:
             if value is not None and _read_sysctl(name) != value:
                 (Path("/proc/sys") / name).write_text(value)
         self._sysctls = {}
-        if unlock and self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
 
     def kubectl(self, *args: str, timeout: float = 120, input: str | None = None, check: bool = True) -> str:
         proc = subprocess.run(
