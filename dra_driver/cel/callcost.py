@@ -25,6 +25,8 @@ from dra_driver.cel.cost import LIST_CREATE
 from dra_driver.cel.ext.formats import NamedFormat
 from dra_driver.cel.ext.net import CIDR, IP
 from dra_driver.cel.ext.urls import URL
+from dra_driver.cel.features import active
+from dra_driver.cel.library import range_size_error
 from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import Semver
 from dra_driver.cel.values import DomainMap, NativeMap, Optional, UInt, key_of
@@ -93,7 +95,9 @@ def _self_compare(items: Any) -> int:
 
 def _range_size(args: Sequence[Any]) -> int:
     n = args[0]
-    return max(n, 0) if type(n) is int else 1
+    if type(n) is not int or range_size_error(n) is not None:
+        return 1  # an error result sizes as 1
+    return max(n, 0)
 
 
 def _slice_size(args: Sequence[Any]) -> int:
@@ -104,6 +108,8 @@ def _slice_size(args: Sequence[Any]) -> int:
 
 def _flatten(args: Sequence[Any]) -> int:
     depth = float(args[1]) if len(args) == 2 and type(args[1]) is int else 1.0
+    if depth < 0 and active().minor >= 37:  # cel-go 0.29 prices a negative depth (an error) as depth 1
+        depth = 1.0
     return int(actual_size(args[0]) * depth) + 1 + LIST_CREATE
 
 

@@ -35,7 +35,7 @@ def instantiation_error(tree: ast.Node, references: dict[int, str | int]) -> str
         if isinstance(node, ast.Index):
             message = _qualifier_error(node.index, references)
         elif isinstance(node, ast.Call):
-            message = _regex_constant_error(node) or _conversion_error(node)
+            message = _regex_constant_error(node, references) or _conversion_error(node, references)
         else:
             continue
         if message is not None:
@@ -59,54 +59,59 @@ _QUALIFIER_TYPES: Final = {
 def _qualifier_error(index: ast.Node, references: dict[int, str | int]) -> str | None:
     """A constant index becomes a qualifier when cel-go plans the program, which fails for a value of another type
     (`m[null]`, `m[dyn(b"x")]`, `m[int]`)."""
-    ref = references.get(id(index))
-    if isinstance(index, ast.Ident | ast.Select) and ref is not None:
-        value: Any = CelType(ref) if isinstance(ref, str) else ref
-    else:
-        try:
-            value = _constant(index)
-        except EvalError:
-            return None  # the conversion's own error (a child, planned first) is the one reported
+    try:
+        value = _constant(index, references)
+    except EvalError:
+        return None  # the conversion's own error (a child, planned first) is the one reported
     go_type = _QUALIFIER_TYPES.get(type(value))
     return f"invalid qualifier type: {go_type}" if go_type is not None else None
 
 
-def _regex_constant_error(call: ast.Call) -> str | None:
+def _regex_constant_error(call: ast.Call, references: dict[int, str | int]) -> str | None:
+    """The regex optimizers compile a pattern the planner already holds as a constant: a literal, or a conversion
+    of one folded before it (`matches(dyn("["))`, `find(string("("))`)."""
     if call.function not in ("matches", "find", "findAll"):
         return None
     args = ([call.target] if call.target is not None else []) + list(call.args)
     if len(args) < 2:
         return None
-    pattern = args[1]
-    if isinstance(pattern, ast.Const) and type(pattern.value) is str:
-        return regex_error(pattern.value)
+    try:
+        pattern = _constant(args[1], references)
+    except EvalError:
+        return None  # the conversion's own error (a child, planned first) is the one reported
+    if type(pattern) is str:
+        return regex_error(pattern)
     return None
 
 
-def _conversion_error(call: ast.Call) -> str | None:
+def _conversion_error(call: ast.Call, references: dict[int, str | int]) -> str | None:
     if call.target is not None or call.function not in _CONVERSIONS or len(call.args) != 1:
         return None
     try:
-        _constant(call)
+        _constant(call, references)
     except EvalError as err:
         return err.message
     return None
 
 
-def _constant(node: ast.Node) -> Any:
-    """The node's value when the planner sees a constant, else `_NOT_CONSTANT`; raises the folding error."""
+def _constant(node: ast.Node, references: dict[int, str | int]) -> Any:
+    """The node's value when the planner sees a constant, else `_NOT_CONSTANT`; raises the folding error. A name
+    the checker resolved to a type or an enum value is a constant too (`dyn(int)`)."""
     if isinstance(node, ast.Const):
         return node.value
+    ref = references.get(id(node))
+    if isinstance(node, ast.Ident | ast.Select) and ref is not None:
+        return CelType(ref) if isinstance(ref, str) else ref
     if isinstance(node, ast.ListLit) and not any(node.optional):
-        values = [_constant(e) for e in node.elements]
+        values = [_constant(e, references) for e in node.elements]
         return _NOT_CONSTANT if any(v is _NOT_CONSTANT for v in values) else values
     if isinstance(node, ast.MapLit) and not any(opt for _, _, opt in node.entries):
-        entries = [(_constant(k), _constant(v)) for k, v, _ in node.entries]
+        entries = [(_constant(k, references), _constant(v, references)) for k, v, _ in node.entries]
         if any(x is _NOT_CONSTANT for entry in entries for x in entry):
             return _NOT_CONSTANT
         return {map_key(k): v for k, v in entries}
     if isinstance(node, ast.Call) and node.target is None and node.function in _CONVERSIONS and len(node.args) == 1:
-        arg = _constant(node.args[0])
+        arg = _constant(node.args[0], references)
         overload = REGISTRY.get((node.function, False, 1))
         if arg is _NOT_CONSTANT or overload is None:
             return _NOT_CONSTANT

@@ -24,6 +24,7 @@ from dra_driver.cel.callcost import CallCost, call_cost, equality, tenth
 from dra_driver.cel.checker import Checker
 from dra_driver.cel.cost import Activation
 from dra_driver.cel.errors import EvalError, EvaluationAborted
+from dra_driver.cel.ext.timeutil import Duration, Timestamp
 from dra_driver.cel.library import (
     FOLDABLE,
     REGISTRY,
@@ -31,6 +32,8 @@ from dra_driver.cel.library import (
     no_overload,
 )
 from dra_driver.cel.messages import new_message
+from dra_driver.cel.quantity import Quantity
+from dra_driver.cel.semver import Semver
 from dra_driver.cel.types import DEVICE, T
 from dra_driver.cel.values import (
     NONE,
@@ -39,6 +42,7 @@ from dra_driver.cel.values import (
     DomainMap,
     NativeMap,
     Optional,
+    UInt,
     is_missing,
     key_of,
     map_get,
@@ -335,6 +339,10 @@ class Compiler:
                 pairs: Any = enumerate(items) if var2 else ((None, x) for x in items)
             elif isinstance(items, dict):
                 pairs = ((key_of(k), v) for k, v in items.items()) if var2 else ((None, key_of(k)) for k in items)
+            elif var2 and type(items) in _GO_TYPES:  # cel-go's fold names the value's Go type
+                raise EvalError(f"unsupported comprehension range type: {_GO_TYPES[type(items)]}")
+            elif type(items) in _GO_TYPES:
+                raise EvalError(f"got '{_GO_TYPES[type(items)]}', expected iterable type")
             else:
                 raise EvalError(f"expression of type '{type_name(items)}' cannot be range of a comprehension")
             saved = (a.vars.get(var, _UNSET), a.vars.get(var2, _UNSET) if var2 else _UNSET)
@@ -830,13 +838,13 @@ def _quantifier(decisive: bool, name: str, condition: int) -> Callable[..., bool
             except EvaluationAborted:
                 raise
             except EvalError as err:
-                error = err
+                error = error or err  # `accu && p` (`||`) keeps the accumulated error: the first one
                 continue
             if value is decisive:
                 a.charge(condition + 1 if seen < n else 1)  # the result reads `accu`
                 return bool(decisive)
             if value is not (not decisive):
-                error = no_overload(name, value)
+                error = error or no_overload(name, value)
         a.charge(1)
         if error is not None:
             raise error
@@ -852,17 +860,29 @@ _run_exists = _quantifier(True, "exists", 3)
 def _run_exists_one(
     a: Activation, pairs: Any, n: int, var: str, var2: str | None, body: Fn, _t: Fn | None, _s: Any
 ) -> bool:
-    """`pred ? accu + 1 : accu`: the untaken accumulator branch costs nothing, `accu + 1` 2; then `accu == 1`."""
+    """`pred ? accu + 1 : accu`: the untaken accumulator branch costs nothing, `accu + 1` 2; then `accu == 1`.
+    The loop has no condition: a predicate's error becomes the accumulator and the loop goes on, each later error
+    replacing it (the conditional returns its condition's error), and the result is the last error."""
     count = 0
+    error: EvalError | None = None
     for first, second in pairs:
         _set(a, var, var2, first, second)
-        value = body(a)
+        try:
+            value = body(a)
+        except EvaluationAborted:
+            raise
+        except EvalError as err:
+            error = err
+            continue
         if type(value) is not bool:
-            raise no_overload("exists_one", value)
+            error = no_overload("exists_one", value)
+            continue
         if value:
             a.charge(2)
         count += value
     a.charge(2)
+    if error is not None:
+        raise error
     return count == 1
 
 
@@ -968,6 +988,24 @@ def _run_transform_map_entry(
             out[key] = value
     a.charge(1)
     return out
+
+
+# Go's %T of the values a `dyn` range may hold (checked against tools/celeval's messages).
+_GO_TYPES: Final[dict[type, str]] = {
+    str: "types.String",
+    int: "types.Int",
+    UInt: "types.Uint",
+    float: "types.Double",
+    bool: "types.Bool",
+    bytes: "types.Bytes",
+    type(None): "types.Null",
+    Optional: "*types.Optional",
+    CelType: "*types.Type",
+    Duration: "types.Duration",
+    Timestamp: "types.Timestamp",
+    Quantity: "cel.Quantity",
+    Semver: "cel.Semver",
+}
 
 
 _MACROS: Final[dict[str, Callable[..., Any]]] = {

@@ -726,7 +726,24 @@ register("flatten", True, 2)(_flatten)
 def _range(act: Activation, n: Any) -> list[int]:
     if type(n) is not int:
         raise no_overload("lists.range", n)
+    refused = range_size_error(n)
+    if refused is not None:
+        raise EvalError(refused)
     return list(range(n))
+
+
+MAX_RANGE_SIZE: Final = 1_000_000  # ext.Lists' default maxRangeSize (cel-go 0.29), which Kubernetes keeps
+
+
+def range_size_error(n: int) -> str | None:
+    """cel-go 0.29's check of `lists.range(n)` (Kubernetes 1.37); 0.26 gave an empty list for a negative size."""
+    if active().minor < 37:
+        return None
+    if n < 0:
+        return f"lists.range: size must be non-negative, got {n}"
+    if n > MAX_RANGE_SIZE:
+        return f"lists.range: size {n} exceeds maximum allowed ({MAX_RANGE_SIZE})"
+    return None
 
 
 @register("distinct", True, 1)
@@ -817,12 +834,16 @@ def _sum(act: Activation, items: Any) -> Any:
 
 
 def _extreme(name: str, act: Activation, items: Any, want: int) -> Any:
+    """Kubernetes' cmp: each element comparable, and a failed comparison (a string against an int in a `dyn` list)
+    passes over the element rather than failing, as in isSorted."""
     seq = _list(name, items)
     if not seq:
         raise EvalError(f"{name} called on empty list")
     best = seq[0]
-    for item in seq[1:]:
-        if _order(name, act, item, best) == want:
+    for i, item in enumerate(seq):
+        if type(item) not in _COMPARABLE:
+            raise no_overload(name, item)
+        if i and _order_or_none(act, best, item) == -want:
             best = item
     return best
 

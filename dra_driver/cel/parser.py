@@ -24,6 +24,7 @@ _TOKEN_RE: Final = re.compile(
         (?:\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"[^"\n]*"|'[^'\n]*')
       | [bB]?(?:\"\"\"(?:\\.|[^\\])*?\"\"\"|'''(?:\\.|[^\\])*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<escident>`[A-Za-z0-9_./ -]+`)  # the grammar's ESC_IDENTIFIER: a field name in backquotes
   | (?P<op>\.\?|\[\?|==|!=|<=|>=|&&|\|\||[-+*/%!<>?:.,()\[\]{}])
     """,
     re.VERBOSE | re.DOTALL,
@@ -84,7 +85,7 @@ def _tokenize(source: str) -> list[Token]:
         match = _TOKEN_RE.match(source, pos)
         if match is None:
             raise CelCompileError(
-                format_error(source, pos, f"Syntax error: token recognition error at: '{source[pos]}'")
+                format_error(source, pos, f"Syntax error: token recognition error at: '{_unrecognized(source, pos)}'")
             )
         kind = match.lastgroup or ""
         if kind != "ws":
@@ -92,6 +93,20 @@ def _tokenize(source: str) -> list[Token]:
         pos = match.end()
     tokens.append(Token("eof", "", len(source)))
     return tokens
+
+
+def _unrecognized(source: str, pos: int) -> str:
+    """The text ANTLR's lexer names in a token recognition error: what it read of the longest token it tried, up to
+    and including the character that failed it (an escaped identifier: `` `a+ ``, ``` `` ```, or to the end)."""
+    if source[pos] != "`":
+        return source[pos]
+    end = pos + 1
+    while end < len(source) and source[end] != "`" and _ESC_IDENT_CHAR.match(source[end]):
+        end += 1
+    return source[pos : end + 1]
+
+
+_ESC_IDENT_CHAR: Final = re.compile(r"[A-Za-z0-9_./ -]")
 
 
 def _unescape(body: str, raw: bool, as_bytes: bool) -> str | bytes:
@@ -138,8 +153,9 @@ def _digits(body: str, start: int, count: int, allowed: str) -> str:
 
 
 class Parser:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, escaped_fields: bool = True) -> None:
         self.source = source
+        self.escaped_fields = escaped_fields
         self.tokens = _tokenize(source)
         self.i = 0
         self.expr_depth = 0
@@ -259,9 +275,9 @@ class Parser:
                 return node
             if tok.text in (".", ".?"):
                 self.i += 1
-                name = self._ident()
+                name = self._field()
                 paren = self._peek()
-                if tok.text == "." and paren.text == "(" and paren.kind == "op":
+                if tok.text == "." and paren.text == "(" and paren.kind == "op" and name.kind == "ident":
                     self.i += 1
                     node = self._call(name.text, self._args(")"), node, paren.pos)  # cel-go: a call is at '('
                 else:
@@ -273,6 +289,17 @@ class Parser:
                 node = ast.Index(tok.pos, node, index, optional=tok.text == "[?")
             else:
                 return node
+
+    def _field(self) -> Token:
+        """A field name after `.`, `.?` or in a message literal, which may be escaped in backquotes (`` a.`b-c` ``):
+        cel-go's parser takes these since 0.29 (Kubernetes 1.37); 0.26's lexes them but refuses them."""
+        tok = self._peek()
+        if tok.kind != "escident":
+            return self._ident()
+        if not self.escaped_fields:
+            self._fail(tok, "unsupported syntax: '`'")
+        self.i += 1
+        return Token("escident", tok.text[1:-1], tok.pos)
 
     def _ident(self) -> Token:
         tok = self._next()
@@ -360,7 +387,7 @@ class Parser:
         fields: list[ast.Field] = []
         while not self._accept("}"):
             opt = self._accept("?")
-            name = self._ident()
+            name = self._field()
             colon = self._expect(":")
             fields.append(ast.Field(colon.pos, name.text, self._expr(), opt))
             if not self._accept(","):
@@ -451,9 +478,10 @@ class Parser:
             return ast.Comprehension(pos, name, target, self._var(args[0]), None, args[1])
         if name == "map" and n == 3:
             return ast.Comprehension(pos, "map", target, self._iteration_var(args[0], name), None, args[1], args[2])
-        if name in ("all", "exists", "exists_one") and n == 3:
+        if name in ("all", "exists", "exists_one", "existsOne") and n == 3:  # ext.TwoVarComprehensions: both spellings
             var, var2 = self._iteration_vars(args)
-            return ast.Comprehension(pos, name, target, var, var2, args[2])
+            macro = "exists_one" if name == "existsOne" else name
+            return ast.Comprehension(pos, macro, target, var, var2, args[2])
         if name in ("transformList", "transformMap", "transformMapEntry") and n in (3, 4):
             var, var2 = self._iteration_vars(args)
             body, transform = (args[2], args[3]) if n == 4 else (ast.Const(pos, True), args[2])
@@ -469,13 +497,14 @@ class Parser:
         return name
 
     def _iteration_vars(self, args: list[ast.Node]) -> tuple[str, str]:
-        """The two variables of a two-variable comprehension: neither the accumulator nor each other."""
+        """The two variables of a two-variable comprehension: not each other, then neither the accumulator (the
+        order of ext's extractIterVars)."""
         var, var2 = self._var(args[0]), self._var(args[1])
+        if var == var2:
+            self._fail(args[1].pos, f"duplicate variable name: {var}")
         for node, name in ((args[0], var), (args[1], var2)):
             if name == ACCUMULATOR:
                 self._fail(node.pos, "iteration variable overwrites accumulator variable")
-        if var == var2:
-            self._fail(args[1].pos, f"duplicate variable name: {var}")
         return var, var2
 
 
@@ -501,5 +530,6 @@ def visitor_depth(tree: ast.Node) -> int:
     return deepest
 
 
-def parse(source: str) -> ast.Node:
-    return Parser(source).parse()
+def parse(source: str, escaped_fields: bool = True) -> ast.Node:
+    """The tree of `source`; `escaped_fields=False` refuses backquoted field names, as Kubernetes 1.36 does."""
+    return Parser(source, escaped_fields).parse()

@@ -181,7 +181,7 @@ def build(expression: str, features: Features, env: CheckEnv) -> tuple[Selector,
     """Parse, check in `env`, validate and compile, as compile.go's CompileCELExpression does; also returns the
     checked tree (for the cost estimator). Raises `CelCompileError` with Kubernetes' message."""
     try:
-        tree = parse(expression)
+        tree = parse(expression, escaped_fields=features.minor >= 37)
         result_type, checker = check(tree, expression, env)
     except CelCompileError as err:
         raise CelCompileError(f"compilation failed: {err}") from None
