@@ -407,15 +407,23 @@ def test_pinned_limits_at_the_bounds_are_sent_to_mps(node: Node, runner: Recordi
     assert_nothing_left(node, d, runner)
 
 
-def test_admin_access_devices_ignore_sharing(node: Node, runner: Recording) -> None:
+def test_admin_access_devices_set_no_sharing_and_refuse_a_setting_of_their_own(node: Node, runner: Recording) -> None:
     owner = claim(["gpu-0"], config=[time_slicing("Long")])
-    admin = claim(["gpu-0"], config=[time_slicing("Short")])
+    admin = claim(["gpu-0"])
     admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
-    node.add(owner, admin)
+    asking = claim(["gpu-0"], config=[time_slicing("Short")])
+    asking["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    node.add(owner, admin, asking)
     d = start(node, runner)
     assert d.prepare([ref(owner)])[uid(owner)].error == ""
+    calls = len(runner.calls)
     assert d.prepare([ref(admin)])[uid(admin)].error == ""
+    refused = d.prepare([ref(asking)])[uid(asking)]
+    assert "admin access uses the device as the claim that holds it set it up" in refused.error
+    assert refused.failure is not None and refused.failure.kind is FailureKind.INVALID_CONFIG
+    assert uid(asking) not in d.checkpoint.claims
     assert d.unprepare([ref(admin)]) == {uid(admin): None}
+    assert len(runner.calls) == calls  # the admin's prepare and unprepare ran no tool
     assert runner.timeslice(node.sim.gpu_uuids[0]) == 3  # the owner's setting stays
     d.unprepare([ref(owner)])
     assert_nothing_left(node, d, runner)

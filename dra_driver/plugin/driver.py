@@ -450,6 +450,14 @@ class Driver:
             if failure:
                 raise PrepareError(FailureKind.SELECTOR_MISMATCH, f"device {result.device}: {failure}")
             config = resolve(allocation.config, self.settings.driver, result.request, entry.device_type)
+            # An admin claim's sharing setting is refused, as NVIDIA's driver does, not silently dropped: the
+            # device's sharing is its holder's (docs/admin-access.md).
+            if admin and config is not None and config.sharing is not None:
+                raise PrepareError(
+                    FailureKind.INVALID_CONFIG,
+                    f"device {result.device}: admin access uses the device as the claim that holds it set it up; "
+                    f"its {config.sharing.strategy} sharing setting cannot apply (use a class and config without one)",
+                )
             if config is not None and config.sharing is not None:
                 why = features.strategy_disabled(self.settings.feature_gates, config.sharing.strategy)
                 if why:

@@ -16,7 +16,8 @@ and marked `applied: true` after, so a crash at any point leaves a record that `
 The compute mode found is read (`nvidia-smi --query-gpu=compute_mode`) before anything changes and recorded with
 the intent; a claim joining a GPU that another claim set up records the mode that claim found. Claims sharing a
 whole GPU never overwrite or undo each other's settings (conflicts.py): the caller passes the checkpoint's other
-claims. Devices prepared with admin access share a device another claim prepared: their sharing config is ignored.
+claims. Devices prepared with admin access share a device another claim prepared: they are never share-checked, set
+nothing and undo nothing (the plugin refuses an admin device whose config asks for sharing: docs/admin-access.md).
 
 The records are the checkpoint's typed TimeSlicingRecord and MpsRecord, written through the claim's ClaimRecord
 as the step table says (claimstate.steps: APPLY_SHARING, UNDO_SHARING). Every command and daemon wait ends at the
