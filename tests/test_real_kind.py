@@ -350,8 +350,15 @@ def test_a_rolling_update_replaces_the_driver_on_both_workers_without_a_gap(kind
     finally:
         names = [f"{p}-{w}" for p in ("steady", "after") for w in kind.cluster.workers]
         kind.run("delete", "pod", "-n", NS, "--wait=true", "--ignore-not-found", *names)
-        if host_network:
+        if host_network:  # back to the pods' network, every old pod gone before the next test
             kind.install("--set", "hostNetwork=false")
+
+            def back() -> bool:
+                pods = kind.driver_pods()
+                running = all(not p["spec"].get("hostNetwork") and p["status"].get("phase") == "Running" for p in pods)
+                return running and len(pods) == len(kind.cluster.workers)
+
+            wait_until("driver pods back on the pods' network", back, 120)
 
 
 def scrape_node(ip: str) -> str:

@@ -247,8 +247,13 @@ def deployed(node: Node, values: Sequence[str] = (), machine: str = "dgx-h100") 
 
 @pytest.fixture(scope="module")
 def cluster(real_node: Node) -> Iterator[Cluster]:
-    # device metadata on (KEP-5304, off by default): every pod here gets its requests' files mounted too
-    with deployed(real_node, values=["--set", "featureGates.DeviceMetadata=true"]) as c:
+    # device metadata on (KEP-5304, off by default): every pod here gets its requests' files mounted too. Two tests
+    # here change the node's configuration (mode, replicas) by helm upgrade: replaced without surge, since during a
+    # surge the old and the new daemon both publish the pool, each its own configuration, until the old one exits
+    # (known, to be fixed in the publisher: the older instance should yield to a newer live one)
+    no_surge = '{"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}'
+    values = ["--set", "featureGates.DeviceMetadata=true", "--set-json", f"updateStrategy={no_surge}"]
+    with deployed(real_node, values=values) as c:
         # the simulator's pod is unprivileged: an MPS claim's shm directory cannot be a tmpfs, and the driver says so
         c.release.log.expect(r"no privilege to mount; MPS shm directories stay plain directories")
         yield c

@@ -69,6 +69,7 @@ FIXED_HOST_PATHS = (
 # from the device-plugin test): start() removes it.
 DEVICE_PLUGIN_CHECKPOINT = Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
 NETNS_DIR = Path("/run/netns")
+CNI_NETNS_PREFIX = "cni-"  # containerd's name for a pod sandbox's network namespace
 # One node on a machine at a time (the kubelet's port, kubepods cgroups, the bridge and the address are the host's):
 # a second start() waits for this lock (parallel test sessions queue instead of breaking each other).
 NODE_LOCK = Path("/run/dra-test-node.lock")
@@ -355,7 +356,8 @@ class Node:
         for target in _mounts_under(*roots):
             subprocess.run(["umount", "-l", target], capture_output=True)
         if NETNS_DIR.is_dir():
-            for ns in set(os.listdir(NETNS_DIR)) - self._netns_before:
+            # containerd's (its pods' sandboxes: cni-<id>), not another test's namespace made meanwhile
+            for ns in {n for n in os.listdir(NETNS_DIR) if n.startswith(CNI_NETNS_PREFIX)} - self._netns_before:
                 subprocess.run(["umount", str(NETNS_DIR / ns)], capture_output=True)
                 with contextlib.suppress(OSError):
                     (NETNS_DIR / ns).unlink()
@@ -395,7 +397,9 @@ class Node:
             "kubepods cgroups": sorted(str(t) for t in self._kubepods_cgroups()),
             "bridge": link.returncode == 0,
             "node ip on lo": bool(self.ip) and f" {self.ip}/" in lo,
-            "netns": sorted(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else [],
+            "netns": sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(CNI_NETNS_PREFIX))
+            if NETNS_DIR.is_dir()
+            else [],
             "ruleset": list(netfilter.ruleset()),
         }
 
