@@ -109,6 +109,11 @@ def test_what_every_stop_of_a_driver_pod_causes_is_routine_and_other_containers_
                 'failed to start exec \\"13286885\\": OCI runtime exec failed: exec failed: cannot exec in a '
                 "stopped container",
             ),  # runc's word, the container stopped between create and start of the exec
+            (
+                "Unknown",
+                'failed to start exec \\"f30f3200\\": OCI runtime exec failed: exec failed: unable to start container '
+                "process: error executing setns process: exit status 1",
+            ),  # runc joining the namespaces of a container whose init exited meanwhile (a surge's old pod)
             ("Unknown", "container is in CONTAINER_EXITED state"),  # a rolling update's old pod, once exited
             ("Unknown", 'failed to create exec \\"6a54b319\\": ttrpc: closed'),  # its shim going as it is killed
         ):

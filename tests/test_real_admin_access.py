@@ -59,7 +59,10 @@ def _mig(enable: bool, node: Node) -> None:
 def cluster(real_node: Node) -> Iterator[Cluster]:
     _mig(True, real_node)  # before the install: `static` publishes what exists
     try:
-        with deployed(real_node, values=["--set", "mode=static"], machine=MACHINE) as c:
+        # the last test changes the mode by helm upgrade: replaced without surge (test_real_pods.cluster says why)
+        no_surge = '{"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}'
+        values = ["--set", "mode=static", "--set-json", f"updateStrategy={no_surge}"]
+        with deployed(real_node, values=values, machine=MACHINE) as c:
             c.cp.create_namespace(ADMIN_NS)
             c.cp.patch("namespace", ADMIN_NS, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
             try:

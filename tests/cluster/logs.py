@@ -50,7 +50,8 @@ KUBELET_ROUTINE = (
         r'"ExecSync cmd from runtime service failed" err="rpc error: code = (Canceled desc = context canceled"'
         r'|(NotFound|Unknown) desc = failed to exec in container: (failed to create exec \\"\w+\\": '
         r"(container not created: not found|cannot exec in a (stopped|deleted) state|ttrpc: closed)"
-        r'|failed to start exec \\"\w+\\": OCI runtime exec failed: exec failed: cannot exec in a stopped container'
+        r'|failed to start exec \\"\w+\\": OCI runtime exec failed: exec failed: (cannot exec in a stopped container'
+        r"|unable to start container process: error executing setns process: exit status 1)"
         r"|failed to load task: no running task found: not found"
         r'|container is in CONTAINER_EXITED state)")'
     ),
