@@ -115,16 +115,21 @@ class SharedPortMetrics:
         if listener is not None:
             self.handed_over = True
             self._serve(listener)
-        else:
-            try:
-                self._serve(None)
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    raise
-                log.info("metrics port %s:%d held by a process that does not hand it over; binding once it is free",
-                         self.address, self.port)  # fmt: skip
-                self._thread(self._bind_when_free, "metrics-bind")
+        elif not self._bind():
+            log.info("metrics port %s:%d held by a process that does not hand it over; binding once it is free",
+                     self.address, self.port)  # fmt: skip
+            self._thread(self._bind_when_free, "metrics-bind")
         return self
+
+    def _bind(self) -> bool:
+        """Bind the port and serve; False while another process holds it."""
+        try:
+            self._serve(None)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            return False
+        return True
 
     def _thread(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -190,12 +195,11 @@ class SharedPortMetrics:
     def _bind_when_free(self) -> None:
         while not self._stop.wait(self.RETRY_S):
             try:
-                self._serve(None)
+                if not self._bind():
+                    continue
             except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    log.error("metrics endpoint %s:%d: %s", self.address, self.port, e)
-                    return
-                continue
+                log.error("metrics endpoint %s:%d: %s", self.address, self.port, e)
+                return
             log.info("metrics endpoint %s:%d serving", self.address, self.port)
             return
 

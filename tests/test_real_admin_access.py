@@ -22,6 +22,7 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from tests.cluster import images
 from tests.cluster.controlplane import KubectlError
 from tests.cluster.driver import DRIVER_NAME as D
+from tests.cluster.driver import NO_SURGE_VALUES
 from tests.cluster.node import Node
 from tests.polling import wait_until
 from tests.simhelpers import create_full_ci, create_gi
@@ -59,9 +60,8 @@ def _mig(enable: bool, node: Node) -> None:
 def cluster(real_node: Node) -> Iterator[Cluster]:
     _mig(True, real_node)  # before the install: `static` publishes what exists
     try:
-        # the last test changes the mode by helm upgrade: replaced without surge (test_real_pods.cluster says why)
-        no_surge = '{"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}'
-        values = ["--set", "mode=static", "--set-json", f"updateStrategy={no_surge}"]
+        # the last test changes the mode by helm upgrade: no surge (NO_SURGE_VALUES says why)
+        values = ["--set", "mode=static", *NO_SURGE_VALUES]
         with deployed(real_node, values=values, machine=MACHINE) as c:
             c.cp.create_namespace(ADMIN_NS)
             c.cp.patch("namespace", ADMIN_NS, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.parse
@@ -123,6 +124,7 @@ def kind() -> Iterator[Kind]:
             cluster.delete()
         finally:
             docker.stop()
+            shutil.rmtree(cluster.workdir, ignore_errors=True)  # its kubeconfig holds the cluster's admin credentials
         # Docker, kind's three nodes and their kubelets left the host's network and sysctls as they were
         changed = hoststate.diff(host_before, hoststate.capture())
         assert not changed, "\n".join(changed)

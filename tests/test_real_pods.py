@@ -22,7 +22,7 @@ from dra_driver.simulator.nvml import SimulatedNvml
 from dra_driver.simulator.tools.state import SharingState
 from tests.cluster import images
 from tests.cluster.driver import DRIVER_NAME as D
-from tests.cluster.driver import IMAGE_REPOSITORY, DriverRelease, chart_version
+from tests.cluster.driver import IMAGE_REPOSITORY, NO_SURGE_VALUES, DriverRelease, chart_version
 from tests.cluster.node import Node
 from tests.polling import wait_until
 
@@ -248,11 +248,8 @@ def deployed(node: Node, values: Sequence[str] = (), machine: str = "dgx-h100") 
 @pytest.fixture(scope="module")
 def cluster(real_node: Node) -> Iterator[Cluster]:
     # device metadata on (KEP-5304, off by default): every pod here gets its requests' files mounted too. Two tests
-    # here change the node's configuration (mode, replicas) by helm upgrade: replaced without surge, since during a
-    # surge the old and the new daemon both publish the pool, each its own configuration, until the old one exits
-    # (known, to be fixed in the publisher: the older instance should yield to a newer live one)
-    no_surge = '{"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}'
-    values = ["--set", "featureGates.DeviceMetadata=true", "--set-json", f"updateStrategy={no_surge}"]
+    # here change the node's configuration (mode, replicas) by helm upgrade: no surge (NO_SURGE_VALUES says why)
+    values = ["--set", "featureGates.DeviceMetadata=true", *NO_SURGE_VALUES]
     with deployed(real_node, values=values) as c:
         # the simulator's pod is unprivileged: an MPS claim's shm directory cannot be a tmpfs, and the driver says so
         c.release.log.expect(r"no privilege to mount; MPS shm directories stay plain directories")

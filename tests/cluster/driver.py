@@ -29,6 +29,13 @@ CHART = REPO_ROOT / "deploy" / "helm" / "dra-driver"
 IMAGE_SCRIPT = REPO_ROOT / "scripts" / "build-driver-image.sh"
 HELM_SCRIPT = REPO_ROOT / "scripts" / "build-helm.sh"
 DRIVER_NAME = "gpu.dra-driver.dev"
+# Chart values that replace the driver's pods one at a time: modules that change the node's configuration by upgrade
+# use them, since during a surge the old and the new daemon both publish the pool, each its own configuration, until
+# the old one exits (known, to be fixed in the publisher: the older instance should yield to a newer live one).
+NO_SURGE_VALUES = (
+    "--set-json",
+    'updateStrategy={"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}',
+)
 IMAGE_REPOSITORY = "ghcr.io/dra-driver/dra-driver"
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,13 +124,11 @@ class KindCluster:
         self._sysctls = {name: _read_sysctl(name) for name in KUBELET_SYSCTLS}
         config = self.workdir / "kind-config.yaml"
         config.write_text(yaml.safe_dump(cluster_config(dict(zip(self.workers, self.machines, strict=True)))))
-        started = time.monotonic()
         self.run_kind(
             "create", "cluster", "--name", self.name, "--image", image, "--config", str(config),
             "--kubeconfig", str(self.kubeconfig), "--wait", wait, "--retain",
             timeout=900,
         )  # fmt: skip
-        self.created_in = time.monotonic() - started
 
     def delete(self) -> None:
         if self.name in self.run_kind("get", "clusters", timeout=60).split():
